@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+from django.core import checks
+from django.utils.translation import gettext_lazy as _
+
+
+class ExclusiveJobsConfig(AppConfig):
+    name = "django_exclusive_jobs"
+    label = "django_exclusive_jobs"
+    verbose_name = _("Exclusive jobs")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from .checks import check_settings
+
+        checks.register(check_settings)

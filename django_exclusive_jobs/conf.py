@@ -1,0 +1,39 @@
+"""Settings: one dict, ``EXCLUSIVE_JOBS``, read at each use so ``override_settings`` works."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # How long a lease lasts before another server may take the lock over.
+    "TTL": dt.timedelta(minutes=5),
+    # "Lock at least for": on release the lease stays until acquired_at + MIN_HOLD.
+    "MIN_HOLD": dt.timedelta(0),
+    # Renew the lease from a background thread while a job runs (every TTL / 3).
+    "KEEPALIVE": True,
+    # Database alias for the lock table; None asks the database routers.
+    "DATABASE": None,
+    # How long to keep retrying when SQLite says "database is locked".
+    "SQLITE_BUSY_TIMEOUT": dt.timedelta(seconds=30),
+}
+
+
+class _Settings:
+    """Lazy view of ``settings.EXCLUSIVE_JOBS`` merged over :data:`DEFAULTS`."""
+
+    def user_settings(self) -> Any:
+        return getattr(settings, "EXCLUSIVE_JOBS", {})
+
+    def __getattr__(self, key: str) -> Any:
+        if key not in DEFAULTS:
+            raise AttributeError(key)
+        user = self.user_settings()
+        if isinstance(user, dict) and key in user:
+            return user[key]
+        return DEFAULTS[key]
+
+
+app_settings = _Settings()

@@ -1,0 +1,70 @@
+"""Keep-alive: renew a held lock's lease from a background thread while a job runs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from .exceptions import LockLost
+
+if TYPE_CHECKING:
+    from .locks import Lock
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+
+class KeepAlive(threading.Thread):
+    """Renews ``lock`` every ttl/3 until :meth:`stop`, or until the lock is lost.
+
+    A renewal that fails with a database error is retried (on a fresh connection) until
+    the lease would run out; then the lock is marked lost, which sends ``lock_lost``.
+    Uses its own database connection, so the job's transactions never hold it up.
+    """
+
+    def __init__(self, lock: Lock, *, interval: float | None = None) -> None:
+        super().__init__(name=f"exclusive-jobs-keepalive:{lock.name}", daemon=True)
+        self.lock = lock
+        self.interval = interval if interval is not None else lock.ttl.total_seconds() / 3
+        self._stopping = threading.Event()
+        self.renewals = 0
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout if timeout is not None else max(5.0, self.interval))
+
+    def run(self) -> None:
+        try:
+            while not self._stopping.wait(self.interval):
+                if not self._renew_until_deadline():
+                    return
+        finally:
+            connections[self.lock.using].close()
+
+    def _renew_until_deadline(self) -> bool:
+        """One renewal, retried on errors; False when the lock is gone."""
+        retry_delay = min(1.0, max(0.05, self.interval / 5))
+        while not self._stopping.is_set():
+            try:
+                self.lock.renew()
+            except LockLost:
+                return False
+            except Exception as exc:
+                connections[self.lock.using].close()
+                if self.lock._lease_slipped():
+                    self.lock._mark_lost(f"could not renew before the lease ran out: {exc}")
+                    return False
+                logger.info(
+                    "renewal of %s token=%s failed, retrying: %s",
+                    self.lock.name,
+                    self.lock.token,
+                    exc,
+                )
+                self._stopping.wait(min(retry_delay, max(0.0, self.lock.seconds_left)))
+                continue
+            self.renewals += 1
+            return True
+        return True

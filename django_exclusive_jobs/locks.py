@@ -1,0 +1,677 @@
+"""The lock engine: acquire, renew and release one ``JobLock`` row on database time.
+
+Every decision is one SQL statement whose WHERE clause compares against the database's
+clock, and whose row count says who won:
+
+* take over: ``UPDATE ... SET token = token + 1 ... WHERE name = %s AND lease over``
+* create:    ``get_or_create`` inside ``atomic``; the unique name lets one insert win
+* renew:     ``UPDATE ... WHERE name = %s AND token = mine AND not released AND lease open``
+* release:   ``UPDATE ... SET released_at = now, expires_at = max(now, acquired + min_hold)``
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
+from django.db.models import F, Field, Q
+from django.db.models.functions import Greatest
+from django.db.models.sql import UpdateQuery
+
+from . import signals
+from .conf import app_settings
+from .dbtime import DatabaseNow, now_plus
+from .durations import DurationLike, parse_duration
+from .exceptions import (
+    JobLockError,
+    LockConfigurationError,
+    LockDatabaseError,
+    LockHeld,
+    LockLost,
+)
+
+if TYPE_CHECKING:
+    from .models import JobLock, JobLockQuerySet
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+MAX_NAME_LENGTH = 255
+T = TypeVar("T")
+
+
+# --- who we are -----------------------------------------------------------------------
+
+
+class _Identity:
+    """Host, pid and a random instance id, renewed in a forked child."""
+
+    def __init__(self) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.host = socket.gethostname()[:255]
+        self.pid = os.getpid()
+        self.instance = uuid.uuid4().hex
+
+    def owner(self) -> str:
+        return f"{self.host}:{self.pid}:{self.instance[:8]}"
+
+
+identity = _Identity()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=identity.refresh)
+
+
+# --- input checks (before any SQL) ----------------------------------------------------
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise LockConfigurationError(f"Lock name must be a string, not {type(name).__name__}.")
+    if not name:
+        raise LockConfigurationError("Lock name must not be empty.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise LockConfigurationError(
+            f"Lock name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}."
+        )
+    if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
+        raise LockConfigurationError(f"Lock name {name!r} contains a control character.")
+    if name != name.strip():
+        raise LockConfigurationError(f"Lock name {name!r} must not start or end with white space.")
+    return name
+
+
+def _duration(value: DurationLike | None, default: Any, what: str) -> dt.timedelta:
+    try:
+        return parse_duration(default if value is None else value, what=what)
+    except ValueError as exc:
+        raise LockConfigurationError(str(exc)) from None
+
+
+def validate_timing(
+    ttl: DurationLike | None, min_hold: DurationLike | None
+) -> tuple[dt.timedelta, dt.timedelta]:
+    ttl_delta = _duration(ttl, app_settings.TTL, "ttl")
+    if ttl_delta <= dt.timedelta(0):
+        raise LockConfigurationError(f"ttl must be positive, got {ttl_delta.total_seconds():g}s.")
+    hold = _duration(min_hold, app_settings.MIN_HOLD, "min_hold")
+    if hold < dt.timedelta(0):
+        raise LockConfigurationError(
+            f"min_hold must not be negative, got {hold.total_seconds():g}s."
+        )
+    if hold > ttl_delta:
+        raise LockConfigurationError(
+            f"min_hold ({hold.total_seconds():g}s) must not be longer than ttl "
+            f"({ttl_delta.total_seconds():g}s): the lease could end before the hold."
+        )
+    return ttl_delta, hold
+
+
+def resolve_alias(using: str | None) -> str:
+    """The database alias for the lock table: argument, setting, then routers."""
+    from .models import JobLock
+
+    alias = using or app_settings.DATABASE or router.db_for_write(JobLock)
+    if not isinstance(alias, str) or alias not in connections.settings:
+        known = ", ".join(sorted(connections.settings))
+        raise LockConfigurationError(
+            f"Unknown database alias {alias!r} for the lock table; known aliases: {known}."
+        )
+    return alias
+
+
+def check_outside_transaction(alias: str) -> None:
+    connection = connections[alias]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        raise LockConfigurationError(
+            f"The lock's database {alias!r} is inside a transaction (atomic block, "
+            "ATOMIC_REQUESTS or a TestCase), so other servers could not see the lock until "
+            "it commits. Take the lock outside the transaction, or point "
+            "EXCLUSIVE_JOBS['DATABASE'] at a second alias for the same database."
+        )
+
+
+# --- running statements ---------------------------------------------------------------
+
+_MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """A contention error the statement can simply be retried after."""
+    cause = exc.__cause__ or exc
+    if "database is locked" in str(exc) or "database table is locked" in str(exc):
+        return True
+    args: tuple[Any, ...] = getattr(cause, "args", ())
+    return len(args) > 0 and args[0] in _MYSQL_RETRYABLE
+
+
+def _table_missing(alias: str) -> bool:
+    from .models import JobLock
+
+    try:
+        with connections[alias].cursor() as cursor:
+            tables = connections[alias].introspection.table_names(cursor)
+    except DatabaseError:
+        return False
+    return JobLock._meta.db_table not in tables
+
+
+def run_statement(alias: str, operation: Callable[[], T]) -> T:
+    """Run ``operation`` against ``alias``, retrying contention errors within a bound.
+
+    SQLite answers "database is locked" when another process writes; MySQL may pick a
+    deadlock victim among racing inserts. Neither means "held", so retry with backoff.
+    A missing table or an unreachable server becomes one clear ``JobLockError``.
+    """
+    bound = parse_duration(app_settings.SQLITE_BUSY_TIMEOUT).total_seconds()
+    deadline = time.monotonic() + bound
+    delay = 0.005
+    while True:
+        try:
+            return operation()
+        except (OperationalError, InterfaceError) as exc:
+            if _is_busy(exc) and time.monotonic() + delay < deadline:
+                time.sleep(delay * random.uniform(0.5, 1.5))
+                delay = min(delay * 2, 0.25)
+                continue
+            connections[alias].close_if_unusable_or_obsolete()
+            if _table_missing(alias):
+                raise LockConfigurationError(
+                    f"The lock table does not exist on database {alias!r}: "
+                    "run 'manage.py migrate django_exclusive_jobs'."
+                ) from exc
+            raise LockDatabaseError(
+                f"Database {alias!r} did not answer the lock statement: {exc}".strip()
+            ) from exc
+        except DatabaseError as exc:
+            if _table_missing(alias):
+                raise LockConfigurationError(
+                    f"The lock table does not exist on database {alias!r}: "
+                    "run 'manage.py migrate django_exclusive_jobs'."
+                ) from exc
+            raise
+
+
+def _column(model: type[JobLock], field_name: str) -> str:
+    field = model._meta.get_field(field_name)
+    assert isinstance(field, Field)
+    return str(field.column)
+
+
+def _update_returning(
+    queryset: JobLockQuerySet, values: dict[str, Any], returning: list[str]
+) -> list[tuple[Any, ...]] | None:
+    """``UPDATE ... RETURNING`` in one round trip where the backend has it.
+
+    Returns None where it does not (MySQL/MariaDB, old SQLite); the caller then runs a
+    plain ``update()`` and reads the row back.
+    """
+    connection = connections[queryset.db]
+    if connection.vendor != "postgresql":
+        return None
+    query = queryset.query.chain(UpdateQuery)
+    assert isinstance(query, UpdateQuery)
+    query.add_update_values(values)
+    compiler = query.get_compiler(queryset.db)
+    sql, params = compiler.as_sql()
+    qn = connection.ops.quote_name
+    model = queryset.model
+    columns = ", ".join(qn(_column(model, name)) for name in returning)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {columns}", params)
+        return list(cursor.fetchall())
+
+
+# --- the lock -------------------------------------------------------------------------
+
+_HELD = "held"
+_RELEASED = "released"
+_LOST = "lost"
+
+_registry = threading.local()  # (alias, name) -> outermost Lock held by this thread
+
+
+def _held_here() -> dict[tuple[str, str], Lock]:
+    held: dict[tuple[str, str], Lock] | None = getattr(_registry, "held", None)
+    if held is None:
+        held = _registry.held = {}
+    return held
+
+
+class Lock:
+    """One acquisition of a named lock. Made by :func:`try_acquire`; not shared between threads.
+
+    ``token`` is the fencing token: it grows by one at every acquisition of the name, so
+    a write guarded by ``WHERE token >= mine`` refuses a holder that was taken over.
+    """
+
+    name: str
+    using: str
+    ttl: dt.timedelta
+    min_hold: dt.timedelta
+    token: int
+    owner: str
+    acquired_at: dt.datetime | None
+    expires_at: dt.datetime | None
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        using: str,
+        ttl: dt.timedelta,
+        min_hold: dt.timedelta,
+        token: int,
+        acquired_at: dt.datetime | None,
+        expires_at: dt.datetime | None,
+        started: float,
+        parent: Lock | None = None,
+    ) -> None:
+        self.name = name
+        self.using = using
+        self.ttl = ttl
+        self.min_hold = min_hold
+        self.token = token
+        self.owner = identity.owner()
+        self.acquired_at = acquired_at
+        self.expires_at = expires_at
+        self.lost_reason: str | None = None
+        self._parent = parent
+        self._state = _HELD
+        # The lease was written as db_now + ttl with db_now later than `started`, so
+        # `started + ttl` on our monotonic clock is never later than the real expiry.
+        self._deadline = started + ttl.total_seconds()
+        self._mutex = threading.Lock()
+        self._keepalive: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} token={self.token} {self._state}>"
+
+    # state -----------------------------------------------------------------------
+
+    @property
+    def reentrant(self) -> bool:
+        """True when this is a nested acquisition inside one this thread already had."""
+        return self._parent is not None
+
+    @property
+    def held(self) -> bool:
+        """Whether this holder may still act, judged without a query.
+
+        False once released or lost, and once the lease may have run out on the
+        database's clock (measured from before the acquiring statement was sent).
+        """
+        if self._parent is not None:
+            return self._state == _HELD and self._parent.held
+        return self._state == _HELD and time.monotonic() < self._deadline
+
+    @property
+    def seconds_left(self) -> float:
+        """Conservative seconds until the lease runs out (0 when not held)."""
+        if self._parent is not None:
+            return self._parent.seconds_left if self._state == _HELD else 0.0
+        if self._state != _HELD:
+            return 0.0
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._mutex:
+            if self._state != _HELD:
+                return
+            self._state = _LOST
+            self.lost_reason = reason
+        logger.warning(
+            "lock lost: %s token=%s owner=%s: %s", self.name, self.token, self.owner, reason
+        )
+        signals.lock_lost.send(sender=Lock, lock=self, reason=reason)
+
+    # operations ------------------------------------------------------------------
+
+    def ensure_held(self) -> None:
+        """Raise :class:`LockLost` unless the database still shows this lease (one query)."""
+        if self._parent is not None:
+            if self._state != _HELD:
+                raise LockLost(self.name, self.token, "released")
+            self._parent.ensure_held()
+            return
+        if self._state == _LOST:
+            raise LockLost(self.name, self.token, self.lost_reason or "lost")
+        if self._state == _RELEASED:
+            raise LockLost(self.name, self.token, "released")
+        still = run_statement(self.using, lambda: self._mine().filter(_lease_open()).exists())
+        if not still:
+            self._mark_lost("the database no longer shows this lease")
+            raise LockLost(self.name, self.token, self.lost_reason or "lost")
+
+    def renew(self) -> None:
+        """Extend the lease to database now + ttl, or raise :class:`LockLost`."""
+        if self._parent is not None:
+            if self._state != _HELD:
+                raise LockLost(self.name, self.token, "released")
+            self._parent.renew()
+            return
+        if self._state != _HELD:
+            raise LockLost(self.name, self.token, self.lost_reason or self._state)
+        started = time.monotonic()
+        queryset = self._mine().filter(_lease_open())
+        values = {"expires_at": now_plus(self.ttl)}
+
+        def do_renew() -> dt.datetime | None:
+            rows = _update_returning(queryset, values, ["expires_at"])
+            if rows is not None:
+                return rows[0][0] if rows else None
+            if not queryset.update(**values):
+                return None
+            return self._mine().values_list("expires_at", flat=True).first()
+
+        expires_at = run_statement(self.using, do_renew)
+        if expires_at is None:
+            self._mark_lost("the lease ran out or the lock was cleared or taken over")
+            raise LockLost(self.name, self.token, self.lost_reason or "lost")
+        with self._mutex:
+            self.expires_at = expires_at
+            self._deadline = started + self.ttl.total_seconds()
+
+    def release(self) -> bool:
+        """Give the lock back; keep it closed until ``acquired_at + min_hold``.
+
+        Returns False (and logs) when this holder no longer has the lock; it never frees
+        another holder's lock.
+        """
+        self.stop_keepalive()
+        if self._parent is not None:
+            was_held = self._state == _HELD
+            self._state = _RELEASED
+            return was_held
+        if self._state != _HELD:
+            logger.warning(
+                "release of %s token=%s ignored: this holder no longer has it (%s)",
+                self.name,
+                self.token,
+                self.lost_reason or self._state,
+            )
+            return False
+        registry = _held_here()
+        if registry.get((self.using, self.name)) is self:
+            del registry[(self.using, self.name)]
+        now = DatabaseNow()
+        hold_until = Greatest(now, F("acquired_at") + self.min_hold) if self.min_hold else now
+        changed = run_statement(
+            self.using,
+            lambda: self._mine().update(released_at=now, expires_at=hold_until),
+        )
+        with self._mutex:
+            if changed:
+                self._state = _RELEASED
+        if not changed:
+            self._mark_lost("the lock was cleared or taken over before release")
+            logger.warning("release of %s token=%s found it no longer held", self.name, self.token)
+            return False
+        logger.debug("released %s token=%s", self.name, self.token)
+        return True
+
+    # keep-alive ------------------------------------------------------------------
+
+    def start_keepalive(self) -> None:
+        """Renew every ttl/3 from a background thread until released or lost."""
+        if self._parent is not None or self._keepalive is not None:
+            return
+        from .keepalive import KeepAlive
+
+        self._keepalive = KeepAlive(self)
+        self._keepalive.start()
+
+    def stop_keepalive(self) -> None:
+        keepalive, self._keepalive = self._keepalive, None
+        if keepalive is not None:
+            keepalive.stop()
+
+    def _lease_slipped(self) -> bool:
+        """True once the conservative local deadline has passed."""
+        return time.monotonic() >= self._deadline
+
+    def _mine(self) -> JobLockQuerySet:
+        from .models import JobLock
+
+        return JobLock.objects.using(self.using).filter(
+            name=self.name, token=self.token, released_at__isnull=True
+        )
+
+
+def _lease_open() -> Q:
+    return Q(expires_at__gt=DatabaseNow())
+
+
+def _lease_over() -> Q:
+    return Q(expires_at__isnull=True) | Q(expires_at__lte=DatabaseNow())
+
+
+# --- acquisition ----------------------------------------------------------------------
+
+
+def _holder_values(ttl: dt.timedelta) -> dict[str, Any]:
+    now = DatabaseNow()
+    return {
+        "host": identity.host,
+        "pid": identity.pid,
+        "instance": identity.instance,
+        "thread": threading.get_native_id(),
+        "acquired_at": now,
+        "expires_at": now_plus(ttl),
+        "released_at": None,
+    }
+
+
+def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> Lock | JobLock:
+    """One decision: a Lock if we won, else the row of the current holder."""
+    from .models import JobLock
+
+    started = time.monotonic()
+    rows = JobLock.objects.using(alias)
+    values = _holder_values(ttl)
+    values["token"] = F("token") + 1
+    takeover = rows.filter(_lease_over(), name=name)
+
+    def take_over() -> tuple[int, Any, Any] | None:
+        returned = _update_returning(takeover, values, ["token", "acquired_at", "expires_at"])
+        if returned is not None:
+            return returned[0] if returned else None
+        if not takeover.update(**values):
+            return None
+        return (
+            rows.filter(
+                name=name,
+                instance=identity.instance,
+                thread=threading.get_native_id(),
+                released_at__isnull=True,
+            )
+            .values_list("token", "acquired_at", "expires_at")
+            .first()
+        )
+
+    won = run_statement(alias, take_over)
+    if won is not None:
+        token, acquired_at, expires_at = won
+        return Lock(
+            name=name,
+            using=alias,
+            ttl=ttl,
+            min_hold=min_hold,
+            token=token,
+            acquired_at=acquired_at,
+            expires_at=expires_at,
+            started=started,
+        )
+
+    def create() -> tuple[JobLock, bool]:
+        defaults = _holder_values(ttl)
+        defaults["token"] = 1
+        try:
+            with transaction.atomic(using=alias):
+                return rows.get_or_create(name=name, defaults=defaults)
+        except IntegrityError:
+            # The row was inserted and deleted again between get and create: it was
+            # someone else's decision, so report it as held by whoever has it now.
+            return rows.get_or_create(name=name, defaults=defaults)
+
+    row, created = run_statement(alias, create)
+    if not created:
+        return row
+    row.refresh_from_db(fields=["acquired_at", "expires_at"])
+    return Lock(
+        name=name,
+        using=alias,
+        ttl=ttl,
+        min_hold=min_hold,
+        token=row.token,
+        acquired_at=row.acquired_at,
+        expires_at=row.expires_at,
+        started=started,
+    )
+
+
+def _acquire(
+    name: object,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+) -> Lock | JobLock:
+    checked_name = validate_name(name)
+    ttl_delta, hold = validate_timing(ttl, min_hold)
+    wait_seconds = 0.0
+    if wait is not None:
+        wait_seconds = _duration(wait, None, "wait").total_seconds()
+        if wait_seconds < 0:
+            raise LockConfigurationError(f"wait must not be negative, got {wait_seconds:g}s.")
+    alias = resolve_alias(using)
+    check_outside_transaction(alias)
+
+    outer = _held_here().get((alias, checked_name))
+    if outer is not None and outer.held:
+        try:
+            outer.renew()
+        except LockLost:
+            outer = None
+    if outer is not None and outer.held:
+        return Lock(
+            name=checked_name,
+            using=alias,
+            ttl=outer.ttl,
+            min_hold=outer.min_hold,
+            token=outer.token,
+            acquired_at=outer.acquired_at,
+            expires_at=outer.expires_at,
+            started=time.monotonic(),
+            parent=outer,
+        )
+
+    deadline = time.monotonic() + wait_seconds
+    delay = 0.05
+    while True:
+        result = _attempt(checked_name, alias, ttl_delta, hold)
+        if isinstance(result, Lock):
+            _held_here()[(alias, checked_name)] = result
+            logger.debug("acquired %s token=%s owner=%s", result.name, result.token, result.owner)
+            return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return result
+        time.sleep(min(remaining, delay * random.uniform(0.8, 1.2)))
+        delay = min(delay * 1.6, 2.0)
+
+
+def try_acquire(
+    name: str,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+) -> Lock | None:
+    """Take the lock ``name`` if nobody holds it; return the :class:`Lock`, or None.
+
+    Never waits unless ``wait`` (seconds or a duration string) is given; then polls with
+    backoff until acquired or the time is up. The caller must ``release()`` the lock;
+    no keep-alive runs unless ``lock.start_keepalive()`` is called.
+    """
+    result = _acquire(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    return result if isinstance(result, Lock) else None
+
+
+def acquire_or_raise(
+    name: str,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+) -> Lock:
+    """Like :func:`try_acquire` but raise :class:`LockHeld` (with the holder) on a skip."""
+    result = _acquire(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    if isinstance(result, Lock):
+        return result
+    raise LockHeld(result.name, owner=result.owner, expires_at=result.expires_at)
+
+
+@contextmanager
+def exclusive_lock(
+    name: str,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+    keepalive: bool | None = None,
+) -> Iterator[Lock]:
+    """Hold ``name`` for the ``with`` block, renewing it in the background.
+
+    Raises :class:`LockHeld` when another holder has it. Works as a decorator too; each
+    call takes its own lock.
+    """
+    lock = acquire_or_raise(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    if app_settings.KEEPALIVE if keepalive is None else keepalive:
+        lock.start_keepalive()
+    try:
+        yield lock
+    finally:
+        try:
+            lock.release()
+        except JobLockError:
+            logger.exception("could not release %s token=%s", lock.name, lock.token)
+
+
+def release_lock(name: str, *, using: str | None = None) -> bool:
+    """Free ``name`` now, whoever holds it (the admin's and CLI's "clear").
+
+    The holder's next renew or ``ensure_held()`` raises ``LockLost``.
+    """
+    from .models import JobLock
+
+    alias = resolve_alias(using)
+    check_outside_transaction(alias)
+    checked = validate_name(name)
+    changed = run_statement(
+        alias, lambda: JobLock.objects.using(alias).filter(name=checked).force_release()
+    )
+    return bool(changed)

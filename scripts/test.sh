@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Run the whole test suite on SQLite, PostgreSQL and MariaDB.
+# Installs what it needs (system packages, a virtualenv) and starts the databases if down.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow" -k sqlite`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/_env.sh
+
+ensure_system_packages libmariadb-dev pkg-config
+ensure_postgres || [ -z "${CI:-}" ]
+ensure_mariadb || [ -z "${CI:-}" ]
+ensure_venv dev
+
+exec "$VENV/bin/python" -m pytest "$@"

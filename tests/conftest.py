@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections
+
+# Test-id name of each backend -> its alias in tests/settings.py
+BACKENDS = {"sqlite": "default", "postgresql": "postgres", "mysql": "mysql"}
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from django.conf import settings as s
+
+    lines = [f"backends: {', '.join(a for a in BACKENDS.values() if a in s.DATABASES)}"]
+    lines += [f"unavailable: {alias}: {why}" for alias, why in s.UNAVAILABLE.items()]
+    return lines
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> Iterator[None]:
+    """Create every test database once, and tell worker processes their names."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, aliases=set(settings.DATABASES))
+        names = {alias: connections[alias].settings_dict["NAME"] for alias in settings.DATABASES}
+    os.environ["EXCLUSIVE_JOBS_TEST_DB_NAMES"] = json.dumps(names)
+    yield
+    with django_db_blocker.unblock():
+        connections.close_all()
+        teardown_databases(config, verbosity=0)
+
+
+def clean_tables(alias: str) -> None:
+    from django_exclusive_jobs.models import JobLock
+
+    JobLock.objects.using(alias).all().delete()
+
+
+@pytest.fixture(params=list(BACKENDS))
+def alias(
+    request: pytest.FixtureRequest, django_db_setup: None, django_db_blocker: Any
+) -> Iterator[str]:
+    """Each test that takes this runs once per database backend, in autocommit."""
+    name = BACKENDS[request.param]
+    if name not in settings.DATABASES:
+        pytest.skip(f"{request.param}: {settings.UNAVAILABLE.get(name, 'not configured')}")
+    with django_db_blocker.unblock():
+        clean_tables(name)
+        try:
+            yield name
+        finally:
+            clean_tables(name)
+            connections.close_all()

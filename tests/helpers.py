@@ -1,0 +1,90 @@
+"""Test helpers: another server as a real OS process, and direct row access."""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import multiprocessing
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django_exclusive_jobs.dbtime import now_plus
+from django_exclusive_jobs.models import JobLock
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def row(alias: str, name: str) -> JobLock:
+    return JobLock.objects.using(alias).get(name=name)
+
+
+def expire_now(alias: str, name: str) -> None:
+    """Make the lease of ``name`` run out now, as if its time had passed."""
+    JobLock.objects.using(alias).filter(name=name).update(
+        expires_at=now_plus(-dt.timedelta(seconds=1))
+    )
+
+
+class OtherServer:
+    """A separate OS process with its own identity that takes and releases locks on demand."""
+
+    def __init__(self) -> None:
+        from . import _workers
+
+        self._conn, child = SPAWN.Pipe()
+        self._process = SPAWN.Process(target=_workers.serve_commands, args=(child,), daemon=True)
+        self._process.start()
+        child.close()
+        self._mutex = threading.Lock()
+        self.alias = "default"
+        self.owner = self.call("owner")
+
+    def call(self, *command: Any) -> Any:
+        with self._mutex:
+            self._conn.send(command)
+            if not self._conn.poll(60):
+                raise TimeoutError(f"other server did not answer {command!r}")
+            ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(f"other server failed on {command!r}: {value}")
+        return value
+
+    def try_acquire(self, name: str, **kwargs: Any) -> int | None:
+        return self.call("acquire", self.alias, name, kwargs)
+
+    def release(self, name: str | None = None) -> bool:
+        return self.call("release", name)
+
+    def close(self) -> None:
+        try:
+            self.call("stop")
+        finally:
+            self._process.join(10)
+            if self._process.is_alive():
+                self._process.kill()
+
+
+_server: OtherServer | None = None
+
+
+def _shutdown() -> None:
+    if _server is not None:
+        _server.close()
+
+
+atexit.register(_shutdown)
+
+
+@contextmanager
+def other_holder(alias: str) -> Iterator[OtherServer]:
+    """The other server, pointed at ``alias``; whatever it holds is dropped afterwards."""
+    global _server
+    if _server is None or not _server._process.is_alive():
+        _server = OtherServer()
+    _server.alias = alias
+    try:
+        yield _server
+    finally:
+        _server.call("forget")
