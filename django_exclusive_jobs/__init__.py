@@ -14,6 +14,7 @@ __all__ = [
     "LockDatabaseError",
     "LockHeld",
     "LockLost",
+    "exclusive_job",
     "exclusive_lock",
     "release_lock",
     "try_acquire",
@@ -28,12 +29,14 @@ _LAZY = {
     "LockHeld": "exceptions",
     "LockLost": "exceptions",
     "Lock": "locks",
+    "exclusive_job": "decorators",
     "exclusive_lock": "locks",
     "release_lock": "locks",
     "try_acquire": "locks",
 }
 
 if TYPE_CHECKING:
+    from .decorators import exclusive_job
     from .exceptions import (
         JobLockError,
         LockConfigurationError,

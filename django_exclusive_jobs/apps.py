@@ -11,5 +11,7 @@ class ExclusiveJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from .checks import check_settings
+        from .registry import autodiscover
 
         checks.register(check_settings)
+        autodiscover()

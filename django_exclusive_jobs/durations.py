@@ -41,6 +41,8 @@ def parse_duration(value: DurationLike, *, what: str = "duration") -> dt.timedel
             raise ValueError(f"{what} must be finite, got {value!r}")
         return dt.timedelta(seconds=value)
     if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{what} is empty: use seconds (90) or a duration like 15m")
         match = _SUFFIXED.match(value)
         if match:
             number, unit = match.groups()

@@ -108,11 +108,21 @@ def _duration(value: DurationLike | None, default: Any, what: str) -> dt.timedel
 
 
 def validate_timing(
-    ttl: DurationLike | None, min_hold: DurationLike | None
+    ttl: DurationLike | None, min_hold: DurationLike | None, *, use_settings: bool = True
 ) -> tuple[dt.timedelta, dt.timedelta]:
-    ttl_delta = _duration(ttl, app_settings.TTL, "ttl")
+    """Check ``ttl`` and ``min_hold``; with ``use_settings`` fill gaps from EXCLUSIVE_JOBS.
+
+    Without it only the values given are checked (used at import time, before the
+    system checks have looked at the settings).
+    """
+    if not use_settings and ttl is None:
+        ttl_delta = dt.timedelta.max
+    else:
+        ttl_delta = _duration(ttl, app_settings.TTL, "ttl")
     if ttl_delta <= dt.timedelta(0):
         raise LockConfigurationError(f"ttl must be positive, got {ttl_delta.total_seconds():g}s.")
+    if not use_settings and min_hold is None:
+        return ttl_delta, dt.timedelta(0)
     hold = _duration(min_hold, app_settings.MIN_HOLD, "min_hold")
     if hold < dt.timedelta(0):
         raise LockConfigurationError(
@@ -141,7 +151,12 @@ def resolve_alias(using: str | None) -> str:
 
 def check_outside_transaction(alias: str) -> None:
     connection = connections[alias]
-    if connection.in_atomic_block or not connection.get_autocommit():
+    try:
+        autocommit = connection.get_autocommit()
+    except DatabaseError as exc:
+        connection.close_if_unusable_or_obsolete()
+        raise LockDatabaseError(f"Cannot reach database {alias!r}: {_one_line(exc)}") from exc
+    if connection.in_atomic_block or not autocommit:
         raise LockConfigurationError(
             f"The lock's database {alias!r} is inside a transaction (atomic block, "
             "ATOMIC_REQUESTS or a TestCase), so other servers could not see the lock until "
@@ -162,6 +177,10 @@ def _is_busy(exc: BaseException) -> bool:
         return True
     args: tuple[Any, ...] = getattr(cause, "args", ())
     return len(args) > 0 and args[0] in _MYSQL_RETRYABLE
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def _table_missing(alias: str) -> bool:
@@ -200,7 +219,7 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
                     "run 'manage.py migrate django_exclusive_jobs'."
                 ) from exc
             raise LockDatabaseError(
-                f"Database {alias!r} did not answer the lock statement: {exc}".strip()
+                f"Database {alias!r} did not answer the lock statement: {_one_line(exc)}"
             ) from exc
         except DatabaseError as exc:
             if _table_missing(alias):
@@ -323,6 +342,13 @@ class Lock:
         if self._parent is not None:
             return self._state == _HELD and self._parent.held
         return self._state == _HELD and time.monotonic() < self._deadline
+
+    @property
+    def lost(self) -> bool:
+        """True once the lock was found lost (see ``lost_reason``)."""
+        if self._parent is not None:
+            return self._parent.lost
+        return self._state == _LOST
 
     @property
     def seconds_left(self) -> float:

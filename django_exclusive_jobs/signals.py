@@ -1,8 +1,27 @@
-"""Signals for metrics and alerts. Connect receivers as with any Django signal."""
+"""Signals for metrics and alerts. Connect receivers as with any Django signal.
+
+Every signal is sent with ``sender`` set to the job's name (a str), except
+``lock_lost``, whose sender is the ``Lock`` class.
+"""
 
 from django.dispatch import Signal
 
-# Sent when a held lock is found lost: its lease ran out before keep-alive could renew
-# it, or it was cleared or taken over.
+# A held lock was found lost: its lease ran out before keep-alive could renew it, or it
+# was cleared or taken over.
 # Arguments: sender (the Lock class), lock (the Lock), reason (str).
 lock_lost = Signal()
+
+# A job won its lock and is about to run.
+# Arguments: sender (job name), name (str), lock (the Lock).
+job_started = Signal()
+
+# A job did not run because another holder has its lock.
+# Arguments: sender (job name), name (str), holder (str: host:pid:instance),
+# expires_at (datetime | None: when the holder's lease ends, on database time).
+job_skipped = Signal()
+
+# A job that started has ended.
+# Arguments: sender (job name), name (str), lock (the Lock), outcome (str: "succeeded",
+# "failed", "lost" or "interrupted"), duration (float seconds), exception (the
+# exception that ended it, or None).
+job_finished = Signal()

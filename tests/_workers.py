@@ -54,3 +54,77 @@ def serve_commands(conn: Connection) -> None:
             conn.send((True, result))
         except Exception:
             conn.send((False, traceback.format_exc()))
+
+
+def race(
+    alias: str,
+    prefix: str,
+    rounds: int,
+    barrier: Any,
+    results: Any,
+    worker: int,
+    clock_shift: float = 0.0,
+) -> None:
+    """Race for one name per round; report the rounds this process won.
+
+    Even rounds race for a name nobody has used (the get_or_create path), odd rounds
+    for the one just released (the conditional UPDATE path).
+    """
+    setup_django()
+    if clock_shift:
+        shift_python_clock(clock_shift)
+    from django.db import connections
+
+    from django_exclusive_jobs import try_acquire
+
+    won: list[int] = []
+    try:
+        for number in range(rounds):
+            barrier.wait(60)
+            lock = try_acquire(f"{prefix}-{number // 2}", using=alias, ttl=60)
+            barrier.wait(60)  # every process has decided before the winner lets go
+            if lock is not None:
+                won.append(number)
+                lock.release()
+            barrier.wait(60)
+        results.put((worker, won, None))
+    except Exception:
+        barrier.abort()
+        results.put((worker, won, traceback.format_exc()))
+    finally:
+        connections.close_all()
+
+
+def shift_python_clock(seconds: float) -> None:
+    """Make this process's wall clock read ``seconds`` off, as on a badly set server."""
+    import datetime as dt
+    import time
+
+    from django.utils import timezone
+
+    real_time = time.time
+    time.time = lambda: real_time() + seconds  # type: ignore[assignment]
+    real_now = timezone.now
+    timezone.now = lambda: real_now() + dt.timedelta(seconds=seconds)
+
+
+def hold_then_report(
+    alias: str, name: str, ttl: float, hold: float, clock_shift: float, results: Any
+) -> None:
+    """Take ``name`` with a skewed clock, hold it for ``hold`` seconds, report the token."""
+    setup_django()
+    shift_python_clock(clock_shift)
+    import time
+
+    from django.db import connections
+
+    from django_exclusive_jobs import try_acquire
+
+    try:
+        lock = try_acquire(name, using=alias, ttl=ttl)
+        results.put(("acquired", None if lock is None else lock.token))
+        if lock is not None:
+            time.sleep(hold)
+            results.put(("released", lock.release()))
+    finally:
+        connections.close_all()

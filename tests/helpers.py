@@ -60,6 +60,8 @@ class OtherServer:
     def close(self) -> None:
         try:
             self.call("stop")
+        except (OSError, EOFError, TimeoutError):
+            pass  # already gone: multiprocessing ends daemon children at exit too
         finally:
             self._process.join(10)
             if self._process.is_alive():

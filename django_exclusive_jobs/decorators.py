@@ -1,0 +1,122 @@
+"""``@exclusive_job``: a function that runs on one server at a time."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from asgiref.sync import sync_to_async
+
+from .durations import DurationLike
+from .exceptions import LockConfigurationError, LockHeld
+from .locks import Lock, validate_name, validate_timing
+from .registry import Job, register
+from .runner import JobRunner, Outcome, RunResult
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def exclusive_job(name: F) -> F: ...
+
+
+@overload
+def exclusive_job(
+    name: str | None = None,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+    on_held: str = "skip",
+    keepalive: bool | None = None,
+) -> Callable[[F], F]: ...
+
+
+def exclusive_job(
+    name: Any = None,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+    on_held: str = "skip",
+    keepalive: bool | None = None,
+) -> Any:
+    """Run the decorated function under the lock ``name`` (default ``module.qualname``).
+
+    When another server holds the lock the function does not run: the call logs one
+    INFO line and returns None, or raises :class:`LockHeld` with ``on_held="raise"``.
+    The job is registered, so ``manage.py run_exclusive NAME`` can run it. ``async def``
+    functions work too.
+    """
+    if callable(name):
+        return exclusive_job()(name)
+    if on_held not in ("skip", "raise"):
+        raise LockConfigurationError(f"on_held must be 'skip' or 'raise', not {on_held!r}.")
+    # Check what was passed here; the settings' defaults are the system checks' job.
+    validate_timing(ttl, min_hold, use_settings=False)
+
+    def decorate(func: F) -> F:
+        job_name = validate_name(name or f"{func.__module__}.{func.__qualname__}")
+        job = Job(job_name, func, ttl, min_hold, wait, using, on_held, keepalive)
+        register(job)
+
+        if job.is_async:
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                # The lock's statements block; run them in Django's one sync thread.
+                runner = runner_for(job)
+                started = await sync_to_async(runner.start, thread_sensitive=True)()
+                if isinstance(started, RunResult):
+                    return _after_skip(job, started)
+                result = RunResult(job.name, Outcome.SUCCEEDED, token=started.token)
+                try:
+                    result.value = await func(*args, **kwargs)
+                except BaseException as exc:
+                    runner.record(result, exc)
+                    raise
+                finally:
+                    await sync_to_async(runner.finish, thread_sensitive=True)(result)
+                return result.value
+
+            async_wrapper.job = job  # type: ignore[attr-defined]
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = run_job(job, lambda lock: func(*args, **kwargs))
+            if result.outcome == Outcome.SKIPPED:
+                return _after_skip(job, result)
+            if result.exception is not None:
+                raise result.exception
+            return result.value
+
+        wrapper.job = job  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def runner_for(job: Job, **overrides: Any) -> JobRunner:
+    settings: dict[str, Any] = {
+        "ttl": job.ttl,
+        "min_hold": job.min_hold,
+        "wait": job.wait,
+        "using": job.using,
+        "keepalive": True if job.keepalive is None else job.keepalive,
+    }
+    settings.update({key: value for key, value in overrides.items() if value is not None})
+    return JobRunner(job.name, **settings)
+
+
+def run_job(job: Job, target: Callable[[Lock], Any], **overrides: Any) -> RunResult:
+    return runner_for(job, **overrides).run(target)
+
+
+def _after_skip(job: Job, result: RunResult) -> None:
+    if job.on_held == "raise":
+        raise LockHeld(job.name, owner=result.holder, expires_at=result.held_until)
+    return None

@@ -1,0 +1,200 @@
+"""``manage.py run_exclusive NAME [options] [-- PROGRAM ARGS...]``: run NAME on one server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from typing import Any
+
+from django.core.management import call_command, get_commands
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from django_exclusive_jobs.checks import check_settings
+from django_exclusive_jobs.decorators import runner_for
+from django_exclusive_jobs.durations import parse_duration
+from django_exclusive_jobs.exceptions import LockConfigurationError, LockDatabaseError
+from django_exclusive_jobs.registry import Job, all_jobs, get_job
+from django_exclusive_jobs.runner import (
+    EXIT_DATABASE,
+    EXIT_USAGE,
+    ChildProgram,
+    Outcome,
+    stop_on_signals,
+)
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+EPILOG = """\
+NAME is a job declared with @exclusive_job, else a management command of that name;
+after "--", any program, run as a child process (NAME is then only the lock's name).
+
+exit codes:
+  0    ran and succeeded, or skipped because another server holds the lock
+  1    the job failed (a child program's own non-zero code is passed through)
+  2    usage or configuration error (unknown NAME, bad option, migrations not applied)
+  3    the database cannot be reached (the job is not run)
+  4    the lock was lost during the run (a child program is terminated)
+  128+N  stopped by signal N (SIGTERM: 143, SIGINT: 130); the lock is released
+"""
+
+
+def _duration(value: str) -> str:
+    try:
+        parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+class Command(BaseCommand):
+    help = "Run a job, management command or program on exactly one server at a time."
+    requires_system_checks: list[str] = []  # only ours run, below: a cron job starts fast
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", nargs="?", help="the job (and lock) name")
+        parser.add_argument("--ttl", type=_duration, help="lease length, e.g. 90, 90s, 15m, 1h")
+        parser.add_argument(
+            "--min-hold", type=_duration, help="keep the lock at least this long after start"
+        )
+        parser.add_argument(
+            "--wait", type=_duration, help="wait up to this long for the lock instead of skipping"
+        )
+        parser.add_argument("--database", help="database alias for the lock table")
+        parser.add_argument(
+            "--skipped-exit-code",
+            type=int,
+            default=0,
+            help="exit code when another server holds the lock (default 0)",
+        )
+        parser.add_argument(
+            "--grace",
+            type=_duration,
+            default="10s",
+            help="how long a child program may take to exit after SIGTERM (default 10s)",
+        )
+        parser.add_argument("--list", action="store_true", help="list registered jobs")
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # Everything after "--" is a program to run, not options for us.
+        if "--" in argv:
+            cut = argv.index("--")
+            self._program: list[str] | None = argv[cut + 1 :]
+            argv = argv[:cut]
+        else:
+            self._program = None
+        self._extra: list[str] = []
+        self._called_from_command_line = True
+        parser = self.create_parser(argv[0], argv[1])
+        options, extra = parser.parse_known_args(argv[2:])
+        self._extra = extra
+        cmd_options = vars(options)
+        args = cmd_options.pop("args", ())
+        try:
+            self.execute(*args, **cmd_options)
+        except CommandError as exc:
+            self.stderr.write(f"{exc.__class__.__name__}: {exc}")
+            sys.exit(exc.returncode)
+        finally:
+            connections.close_all()
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        program = options.get("program") or getattr(self, "_program", None)
+        extra = list(options.get("extra") or getattr(self, "_extra", []))
+        if options["list"]:
+            self._list()
+            return
+        name = options["name"]
+        if not name:
+            raise CommandError("Give the job's NAME (or --list to see the jobs).", returncode=2)
+        errors = [message for message in check_settings() if message.is_serious()]
+        if errors:
+            raise CommandError(f"{errors[0].msg} ({errors[0].id})", returncode=EXIT_USAGE)
+        job, target, child = self._target(name, program, extra)
+        overrides = {
+            "ttl": options["ttl"],
+            "min_hold": options["min_hold"],
+            "wait": options["wait"],
+            "using": options["database"],
+        }
+        runner = runner_for(job, **overrides)
+        verbosity = options["verbosity"]
+
+        def report(line: str, normal: bool) -> None:
+            if logger.isEnabledFor(logging.INFO if normal else logging.WARNING) and (
+                logger.hasHandlers()
+            ):
+                return  # the project's logging already shows it
+            if not normal:
+                self.stderr.write(line)
+            elif verbosity >= 1:
+                self.stdout.write(line)
+
+        runner.report = report
+        if child is not None:
+            child.grace = parse_duration(options["grace"]).total_seconds()
+            runner.on_lost = child.on_lost
+        try:
+            with stop_on_signals(child.on_signal if child is not None else None):
+                result = runner.run(target)
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        except LockDatabaseError as exc:
+            raise CommandError(f"{exc} The job was not run.", returncode=EXIT_DATABASE) from exc
+        if result.outcome == Outcome.SKIPPED:
+            code = options["skipped_exit_code"]
+        else:
+            code = result.exit_code
+        if code:
+            sys.exit(code)
+
+    def _target(
+        self, name: str, program: list[str] | None, extra: list[str]
+    ) -> tuple[Job, Any, ChildProgram | None]:
+        if program is not None:
+            if not program:
+                raise CommandError("Nothing after '--': give the program to run.", returncode=2)
+            if shutil.which(program[0]) is None:
+                raise CommandError(f"Program {program[0]!r} was not found.", returncode=2)
+            if extra:
+                raise CommandError(f"Unknown option(s): {' '.join(extra)}", returncode=2)
+            child = ChildProgram(program)
+            return Job(name, _noop), child, child
+        job = get_job(name)
+        if job is not None:
+            if extra:
+                raise CommandError(f"Unknown option(s): {' '.join(extra)}", returncode=2)
+            if job.is_async:
+                from asgiref.sync import async_to_sync
+
+                return job, lambda lock: async_to_sync(job.func)(), None
+            return job, lambda lock: job.func(), None
+        if name in get_commands() and name != "run_exclusive":
+            return Job(name, _noop), lambda lock: call_command(name, *extra), None
+        known = ", ".join(job.name for job in all_jobs()) or "none"
+        raise CommandError(
+            f"Unknown job {name!r}: no @exclusive_job or management command has that name "
+            f"(known jobs: {known}); to run a program put it after '--'.",
+            returncode=EXIT_USAGE,
+        )
+
+    def _list(self) -> None:
+        jobs = all_jobs()
+        if not jobs:
+            self.stdout.write("No jobs are registered with @exclusive_job.")
+        for job in jobs:
+            self.stdout.write(
+                f"{job.name}  ttl={job.ttl or 'default'}  min_hold={job.min_hold or 'default'}"
+                f"  {job.target}"
+            )
+
+
+def _noop() -> None:
+    return None

@@ -1,0 +1,60 @@
+"""Registered jobs: what ``@exclusive_job`` declares and ``run_exclusive`` can run by name."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import autodiscover_modules
+
+from .durations import DurationLike
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    func: Callable[..., Any]
+    ttl: DurationLike | None = None
+    min_hold: DurationLike | None = None
+    wait: DurationLike | None = None
+    using: str | None = None
+    on_held: str = "skip"
+    keepalive: bool | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.func.__module__}.{self.func.__qualname__}"
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.func)
+
+
+_jobs: dict[str, Job] = {}
+
+
+def register(job: Job) -> None:
+    """Add ``job``; a second, different function under one name is a start-up error."""
+    existing = _jobs.get(job.name)
+    if existing is not None and existing.target != job.target:
+        raise ImproperlyConfigured(
+            f"Two jobs are named {job.name!r}: {existing.target} and {job.target}. "
+            "Give one of them another name in @exclusive_job(...)."
+        )
+    _jobs[job.name] = job
+
+
+def get_job(name: str) -> Job | None:
+    return _jobs.get(name)
+
+
+def all_jobs() -> list[Job]:
+    return sorted(_jobs.values(), key=lambda job: job.name)
+
+
+def autodiscover() -> None:
+    """Import the ``jobs`` module of every installed app, as the admin does for ``admin``."""
+    autodiscover_modules("jobs")

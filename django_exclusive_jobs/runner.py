@@ -1,0 +1,288 @@
+"""The run layer: take a job's lock, run it with keep-alive, report one line per decision.
+
+Used by ``@exclusive_job`` and ``manage.py run_exclusive``. The lock engine decides who
+holds a lock; this module decides what a run looks like: signals, log lines, outcomes,
+shutdown on SIGTERM/SIGINT, and exit codes.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import signals
+from .durations import DurationLike
+from .exceptions import LockHeld, LockLost
+from .locks import Lock, acquire_or_raise
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    LOST = "lost"
+    INTERRUPTED = "interrupted"
+
+
+# Exit codes of ``manage.py run_exclusive`` (documented in the README and --help).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DATABASE = 3
+EXIT_LOST = 4
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread when SIGTERM or SIGINT arrives during an in-process job.
+
+    A BaseException, like KeyboardInterrupt, so ``except Exception`` in a job does not
+    swallow it and its ``finally`` blocks still run.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+@dataclass
+class RunResult:
+    name: str
+    outcome: Outcome
+    value: Any = None
+    exception: BaseException | None = None
+    duration: float = 0.0
+    token: int | None = None
+    holder: str = ""
+    held_until: Any = None
+    returncode: int | None = None  # a child program's own exit code
+    signum: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.outcome in (Outcome.SUCCEEDED, Outcome.SKIPPED):
+            return EXIT_OK
+        if self.outcome == Outcome.INTERRUPTED and self.signum:
+            return 128 + self.signum
+        if self.outcome == Outcome.LOST:
+            return EXIT_LOST
+        if self.returncode:
+            return self.returncode if self.returncode > 0 else 128 - self.returncode
+        return EXIT_FAILED
+
+
+@dataclass
+class JobRunner:
+    """Runs one job under its lock. One instance per run; not shared between threads."""
+
+    name: str
+    ttl: DurationLike | None = None
+    min_hold: DurationLike | None = None
+    wait: DurationLike | None = None
+    using: str | None = None
+    keepalive: bool = True
+    # Called with each decision line and whether it is the normal path (True) or not.
+    report: Callable[[str, bool], None] | None = None
+    on_lost: Callable[[Lock], None] | None = None
+    lock: Lock | None = field(default=None, init=False)
+    _started: float = field(default=0.0, init=False)
+
+    def say(self, message: str) -> None:
+        logger.info(message)
+        if self.report is not None:
+            self.report(message, True)
+
+    def start(self) -> Lock | RunResult:
+        """Take the lock and start keep-alive; a SKIPPED result if another holds it."""
+        try:
+            lock = acquire_or_raise(
+                self.name, ttl=self.ttl, min_hold=self.min_hold, wait=self.wait, using=self.using
+            )
+        except LockHeld as held:
+            until = held.expires_at.isoformat(timespec="seconds") if held.expires_at else "?"
+            self.say(f"skipped {self.name}: held by {held.owner or '?'} until {until}")
+            signals.job_skipped.send(
+                sender=self.name, name=self.name, holder=held.owner, expires_at=held.expires_at
+            )
+            return RunResult(
+                self.name, Outcome.SKIPPED, holder=held.owner, held_until=held.expires_at
+            )
+        self.lock = lock
+        self.say(f"acquired {self.name} token={lock.token} owner={lock.owner}")
+        signals.lock_lost.connect(self._lost_receiver, sender=Lock)
+        if self.keepalive:
+            lock.start_keepalive()
+        self._started = time.monotonic()
+        signals.job_started.send(sender=self.name, name=self.name, lock=lock)
+        return lock
+
+    def record(self, result: RunResult, exc: BaseException) -> None:
+        """Set the outcome a job's exception means."""
+        if isinstance(exc, Interrupted):
+            result.outcome, result.signum = Outcome.INTERRUPTED, exc.signum
+        elif isinstance(exc, LockLost):
+            result.outcome = Outcome.LOST
+        elif isinstance(exc, Exception):
+            result.outcome = Outcome.FAILED
+            logger.error("job %s failed", self.name, exc_info=exc)
+        else:  # KeyboardInterrupt, CancelledError, SystemExit
+            result.outcome = Outcome.INTERRUPTED
+        result.exception = exc
+
+    def finish(self, result: RunResult) -> RunResult:
+        """Stop keep-alive, release (min_hold honoured), log and signal the outcome."""
+        lock = self.lock
+        assert lock is not None
+        result.duration = time.monotonic() - self._started
+        lock.stop_keepalive()
+        signals.lock_lost.disconnect(self._lost_receiver, sender=Lock)
+        if lock.lost and result.outcome != Outcome.INTERRUPTED:
+            result.outcome = Outcome.LOST
+        lock.release()
+        if isinstance(result.value, ChildExit):
+            result.returncode = result.value.returncode
+            if result.returncode != 0 and result.outcome == Outcome.SUCCEEDED:
+                result.outcome = Outcome.FAILED
+        self._finish(lock, result)
+        return result
+
+    def run(self, target: Callable[[Lock], Any]) -> RunResult:
+        """Acquire, run ``target(lock)``, release. The job's errors become the outcome."""
+        started = self.start()
+        if isinstance(started, RunResult):
+            return started
+        result = RunResult(self.name, Outcome.SUCCEEDED, token=started.token)
+        try:
+            result.value = target(started)
+        except BaseException as exc:
+            self.record(result, exc)
+            if not isinstance(exc, (Exception, Interrupted)):
+                self.finish(result)
+                raise
+        return self.finish(result)
+
+    def _finish(self, lock: Lock, result: RunResult) -> None:
+        detail = ""
+        if result.returncode not in (None, 0):
+            detail = f" exit={result.returncode}"
+        if result.exception is not None:
+            detail += f" error={type(result.exception).__name__}: {result.exception}"
+        line = (
+            f"finished {self.name} outcome={result.outcome.value} "
+            f"duration={result.duration:.3f}s token={lock.token}{detail}"
+        )
+        if result.outcome == Outcome.SUCCEEDED:
+            self.say(line)
+        else:
+            logger.warning(line)
+            if self.report is not None:
+                self.report(line, False)
+        signals.job_finished.send(
+            sender=self.name,
+            name=self.name,
+            lock=lock,
+            outcome=result.outcome.value,
+            duration=result.duration,
+            exception=result.exception,
+        )
+
+    def _lost_receiver(self, sender: Any, lock: Lock, reason: str, **kwargs: Any) -> None:
+        if lock is self.lock and self.on_lost is not None:
+            self.on_lost(lock)
+
+
+@dataclass
+class ChildExit:
+    """What a child program run under the lock returned."""
+
+    returncode: int
+
+
+@contextmanager
+def stop_on_signals(on_signal: Callable[[int], None] | None = None) -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT call ``on_signal(signum)``, or raise Interrupted.
+
+    Only the main thread can install handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if on_signal is None:
+            raise Interrupted(signum)
+        on_signal(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class ChildProgram:
+    """Runs an external program under the lock and supervises it.
+
+    SIGTERM/SIGINT sent to us is passed on to the child; a lost lock terminates it.
+    A child that has not exited ``grace`` seconds after SIGTERM gets SIGKILL.
+    """
+
+    def __init__(self, argv: list[str], *, grace: float = 10.0) -> None:
+        self.argv = argv
+        self.grace = grace
+        self.process: subprocess.Popen[bytes] | None = None
+        self.signum: int | None = None
+        self._stop_sent_at: float | None = None
+        self._mutex = threading.Lock()
+
+    def __call__(self, lock: Lock) -> ChildExit:
+        # Its own process group, so a stop reaches the program's own children too.
+        self.process = subprocess.Popen(self.argv, start_new_session=True)
+        while True:
+            try:
+                returncode = self.process.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                with self._mutex:
+                    sent = self._stop_sent_at
+                if sent is not None and time.monotonic() - sent > self.grace:
+                    logger.warning(
+                        "child of %s ignored SIGTERM for %ss: killing it", lock.name, self.grace
+                    )
+                    self._signal_group(signal.SIGKILL)
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+        return ChildExit(returncode)
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Send ``signum`` to the child (from a signal handler or the keep-alive thread)."""
+        with self._mutex:
+            if self._stop_sent_at is None:
+                self._stop_sent_at = time.monotonic()
+        self._signal_group(signum)
+
+    def _signal_group(self, signum: int) -> None:
+        process = self.process
+        if process is None:
+            return
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signum)
+
+    def on_signal(self, signum: int) -> None:
+        self.signum = signum
+        self.stop(signum)
+
+    def on_lost(self, lock: Lock) -> None:
+        logger.warning("lock %s lost: stopping its child process", lock.name)
+        self.stop(signal.SIGTERM)

@@ -1,0 +1,14 @@
+"""Jobs of the demo app. `manage.py run_exclusive hourly_report` finds them by name."""
+
+import os
+import socket
+import time
+
+from django_exclusive_jobs import exclusive_job
+
+
+@exclusive_job("hourly_report", ttl="5m")
+def hourly_report() -> None:
+    """Pretend to build and send the hourly report."""
+    time.sleep(float(os.environ.get("DEMO_JOB_SECONDS", "1")))
+    print(f"hourly_report sent by {socket.gethostname()} pid {os.getpid()}", flush=True)
