@@ -16,6 +16,14 @@ DEFAULTS: dict[str, Any] = {
     "KEEPALIVE": True,
     # Database alias for the lock table; None asks the database routers.
     "DATABASE": None,
+    # How early a server may start and still serve the coming slot (capped at a third
+    # of the schedule's interval).
+    "SLOT_TOLERANCE": dt.timedelta(seconds=30),
+    # How long run history is kept by prune_job_runs.
+    "KEEP_RUNS": dt.timedelta(days=30),
+    # A held lock is "suspect" when its run has lasted this many times the job's
+    # median successful duration.
+    "SUSPECT_FACTOR": 3,
     # How long to keep retrying when SQLite says "database is locked".
     "SQLITE_BUSY_TIMEOUT": dt.timedelta(seconds=30),
 }

@@ -13,6 +13,7 @@ from .exceptions import LockConfigurationError, LockHeld
 from .locks import Lock, validate_name, validate_timing
 from .registry import Job, register
 from .runner import JobRunner, Outcome, RunResult
+from .schedules import make_schedule
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +32,11 @@ def exclusive_job(
     using: str | None = None,
     on_held: str = "skip",
     keepalive: bool | None = None,
+    every: DurationLike | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    slot_tolerance: DurationLike | None = None,
+    retry_failed: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -43,6 +49,11 @@ def exclusive_job(
     using: str | None = None,
     on_held: str = "skip",
     keepalive: bool | None = None,
+    every: DurationLike | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    slot_tolerance: DurationLike | None = None,
+    retry_failed: bool = False,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
 
@@ -50,6 +61,11 @@ def exclusive_job(
     INFO line and returns None, or raises :class:`LockHeld` with ``on_held="raise"``.
     The job is registered, so ``manage.py run_exclusive NAME`` can run it. ``async def``
     functions work too.
+
+    With ``every="1h"`` or ``cron="0 * * * *"`` (and ``timezone=``, default
+    ``settings.TIME_ZONE``) each scheduled slot runs once: a server that starts a little
+    late finds the slot taken and skips, even after the first run released the lock.
+    ``retry_failed=True`` lets a later start retry a slot whose run failed.
     """
     if callable(name):
         return exclusive_job()(name)
@@ -57,10 +73,13 @@ def exclusive_job(
         raise LockConfigurationError(f"on_held must be 'skip' or 'raise', not {on_held!r}.")
     # Check what was passed here; the settings' defaults are the system checks' job.
     validate_timing(ttl, min_hold, use_settings=False)
+    schedule = make_schedule(every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance)
 
     def decorate(func: F) -> F:
         job_name = validate_name(name or f"{func.__module__}.{func.__qualname__}")
-        job = Job(job_name, func, ttl, min_hold, wait, using, on_held, keepalive)
+        job = Job(
+            job_name, func, ttl, min_hold, wait, using, on_held, keepalive, schedule, retry_failed
+        )
         register(job)
 
         if job.is_async:
@@ -107,6 +126,8 @@ def runner_for(job: Job, **overrides: Any) -> JobRunner:
         "wait": job.wait,
         "using": job.using,
         "keepalive": True if job.keepalive is None else job.keepalive,
+        "schedule": job.schedule,
+        "retry_failed": job.retry_failed,
     }
     settings.update({key: value for key, value in overrides.items() if value is not None})
     return JobRunner(job.name, **settings)

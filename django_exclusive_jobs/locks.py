@@ -221,6 +221,8 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
             raise LockDatabaseError(
                 f"Database {alias!r} did not answer the lock statement: {_one_line(exc)}"
             ) from exc
+        except IntegrityError:
+            raise  # an answer, not a failure: the caller decides what it means
         except DatabaseError as exc:
             if _table_missing(alias):
                 raise LockConfigurationError(
@@ -550,7 +552,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
 
     def create() -> tuple[JobLock, bool]:
         defaults = _holder_values(ttl)
-        defaults["token"] = 1
+        defaults["token"] = _first_token(alias, name)
         try:
             with transaction.atomic(using=alias):
                 return rows.get_or_create(name=name, defaults=defaults)
@@ -573,6 +575,20 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         expires_at=row.expires_at,
         started=started,
     )
+
+
+def _first_token(alias: str, name: str) -> int:
+    """The token for a new row: above any this name had, even if its row was deleted.
+
+    Run history remembers the tokens of past runs, so a lock row deleted by hand does
+    not bring back a token a fenced write has already seen.
+    """
+    from django.db.models import Max
+
+    from .models import JobRun
+
+    highest = JobRun.objects.using(alias).filter(name=name).aggregate(top=Max("token"))["top"]
+    return (highest or 0) + 1
 
 
 def _acquire(

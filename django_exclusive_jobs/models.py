@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import statistics
 from typing import Any, ClassVar
 
 from django.db import models
 from django.db.models import Case, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
-from .dbtime import DatabaseNow
+from .dbtime import DatabaseNow, now_plus
 
 
 class JobNameField(models.CharField):  # type: ignore[type-arg]
@@ -55,6 +57,25 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
     def closed(self) -> JobLockQuerySet:
         """Locks nobody else may take now (held or in cooldown)."""
         return self.filter(expires_at__gt=DatabaseNow())
+
+    def suspect(self, factor: float | None = None) -> JobLockQuerySet:
+        """Held locks whose current run has lasted over ``factor`` x the job's median.
+
+        Never acted on automatically: a suspect lock is only shown to people.
+        """
+        from .conf import app_settings
+
+        factor = float(app_settings.SUSPECT_FACTOR if factor is None else factor)
+        runs = JobRun.objects.using(self.db)
+        names = []
+        for name, token in self.held().values_list("name", "token"):
+            median = runs.median_duration(name)
+            if median is None:
+                continue
+            overdue = now_plus(-dt.timedelta(seconds=factor * median))
+            if runs.running().filter(name=name, token=token, started_at__lt=overdue).exists():
+                names.append(name)
+        return self.filter(name__in=names)
 
     def with_state(self) -> JobLockQuerySet:
         """Annotate ``state`` (a :class:`LockState` value) computed on database time."""
@@ -122,6 +143,113 @@ class JobLock(models.Model):
     @property
     def owner(self) -> str:
         """Who holds (or last held) the lock: ``host:pid:instance``."""
+        if not self.instance:
+            return ""
+        return f"{self.host}:{self.pid}:{self.instance[:8]}"
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    INTERRUPTED = "interrupted", _("interrupted")
+    LOST = "lost", _("lost")
+
+
+class JobRunQuerySet(models.QuerySet["JobRun"]):
+    def running(self) -> JobRunQuerySet:
+        return self.filter(status=RunStatus.RUNNING)
+
+    def finished(self) -> JobRunQuerySet:
+        return self.exclude(status=RunStatus.RUNNING)
+
+    def succeeded(self) -> JobRunQuerySet:
+        return self.filter(status=RunStatus.SUCCEEDED)
+
+    def failed(self) -> JobRunQuerySet:
+        return self.filter(status=RunStatus.FAILED)
+
+    def median_duration(self, name: str, *, sample: int = 20) -> float | None:
+        """Median duration (seconds) of the job's last ``sample`` successful runs."""
+        recent = (
+            self.succeeded()
+            .filter(name=name, duration__isnull=False)
+            .order_by("-started_at")
+            .values_list("duration", flat=True)[:sample]
+        )
+        durations = [value for value in recent if value is not None]
+        return statistics.median(durations) if durations else None
+
+    def kept_ids(self) -> set[int]:
+        """Runs pruning must keep: each job's last run and its latest slotted run."""
+        keep: set[int] = set()
+        for name in self.values_list("name", flat=True).distinct().order_by():
+            of_job = self.filter(name=name)
+            latest = of_job.order_by("-started_at", "-id").values_list("id", flat=True).first()
+            slotted = (
+                of_job.filter(slot__isnull=False)
+                .order_by("-slot", "-id")
+                .values_list("id", flat=True)
+                .first()
+            )
+            keep.update(i for i in (latest, slotted) if i is not None)
+        return keep
+
+    def prunable(self, older_than: dt.timedelta) -> JobRunQuerySet:
+        """Finished runs that ended more than ``older_than`` ago and need not be kept."""
+        cutoff = now_plus(-older_than)
+        return (
+            self.finished().filter(finished_at__lt=cutoff).exclude(id__in=sorted(self.kept_ids()))
+        )
+
+
+class JobRun(models.Model):
+    """One run of a job: who ran it, for which slot, how it ended."""
+
+    name = JobNameField(_("job"), max_length=255)
+    slot = models.DateTimeField(
+        _("slot"),
+        null=True,
+        blank=True,
+        help_text=_("The scheduled instant this run serves; one run per job and slot."),
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING
+    )
+    host = models.CharField(_("host"), max_length=255, blank=True)
+    pid = models.IntegerField(_("process id"), null=True, blank=True)
+    instance = models.CharField(_("instance"), max_length=32, blank=True)
+    token = models.BigIntegerField(_("token"), null=True, blank=True)
+    attempts = models.PositiveIntegerField(_("attempts"), default=1)
+    started_at = models.DateTimeField(_("started at"))
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    duration = models.FloatField(_("duration (s)"), null=True, blank=True)
+    error_type = models.CharField(_("error type"), max_length=255, blank=True)
+    error = models.TextField(_("error"), blank=True)
+    returncode = models.IntegerField(_("exit code"), null=True, blank=True)
+
+    objects: ClassVar[JobRunQuerySet] = JobRunQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        verbose_name = _("job run")
+        verbose_name_plural = _("job runs")
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            # NULL slots (unscheduled runs) never collide: NULLs are distinct in unique
+            # indexes on PostgreSQL, MySQL/MariaDB and SQLite alike.
+            models.UniqueConstraint(fields=["name", "slot"], name="exclusive_jobs_one_run_per_slot")
+        ]
+        indexes = [
+            models.Index(fields=["name", "-started_at"], name="exclusive_jobs_run_name"),
+            models.Index(fields=["status", "-started_at"], name="exclusive_jobs_run_status"),
+            models.Index(fields=["finished_at"], name="exclusive_jobs_run_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
+
+    @property
+    def owner(self) -> str:
         if not self.instance:
             return ""
         return f"{self.host}:{self.pid}:{self.instance[:8]}"

@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
 from .durations import DurationLike
+from .schedules import Schedule
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class Job:
     using: str | None = None
     on_held: str = "skip"
     keepalive: bool | None = None
+    schedule: Schedule | None = None
+    retry_failed: bool = False
 
     @property
     def target(self) -> str:

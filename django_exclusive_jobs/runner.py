@@ -7,6 +7,7 @@ shutdown on SIGTERM/SIGINT, and exit codes.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import logging
 import os
@@ -14,15 +15,21 @@ import signal
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import IntegrityError
+from django.db.models import F
+
 from . import signals
+from .dbtime import DatabaseNow
 from .durations import DurationLike
-from .exceptions import LockHeld, LockLost
-from .locks import Lock, acquire_or_raise
+from .exceptions import JobLockError, LockHeld, LockLost
+from .locks import Lock, acquire_or_raise, identity, run_statement
+from .schedules import Schedule
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -94,7 +101,11 @@ class JobRunner:
     # Called with each decision line and whether it is the normal path (True) or not.
     report: Callable[[str, bool], None] | None = None
     on_lost: Callable[[Lock], None] | None = None
+    schedule: Schedule | None = None
+    retry_failed: bool = False
     lock: Lock | None = field(default=None, init=False)
+    run_id: int | None = field(default=None, init=False)
+    slot: dt.datetime | None = field(default=None, init=False)
     _started: float = field(default=0.0, init=False)
 
     def say(self, message: str) -> None:
@@ -117,8 +128,13 @@ class JobRunner:
             return RunResult(
                 self.name, Outcome.SKIPPED, holder=held.owner, held_until=held.expires_at
             )
+        claimed = self._claim_run(lock)
+        if claimed is not None:
+            lock.release()
+            return claimed
         self.lock = lock
-        self.say(f"acquired {self.name} token={lock.token} owner={lock.owner}")
+        slot = f" slot={self.slot.isoformat()}" if self.slot else ""
+        self.say(f"acquired {self.name} token={lock.token} owner={lock.owner}{slot}")
         signals.lock_lost.connect(self._lost_receiver, sender=Lock)
         if self.keepalive:
             lock.start_keepalive()
@@ -153,6 +169,7 @@ class JobRunner:
             result.returncode = result.value.returncode
             if result.returncode != 0 and result.outcome == Outcome.SUCCEEDED:
                 result.outcome = Outcome.FAILED
+        self._record_run(lock, result)
         self._finish(lock, result)
         return result
 
@@ -170,6 +187,86 @@ class JobRunner:
                 self.finish(result)
                 raise
         return self.finish(result)
+
+    def _claim_run(self, lock: Lock) -> RunResult | None:
+        """Write this run's history row; a SKIPPED result if its slot already has a run.
+
+        The unique (name, slot) row is what makes a slot run once: a server whose cron
+        fired late finds the lock free but the slot taken.
+        """
+        from .models import JobRun, RunStatus
+
+        runs = JobRun.objects.using(lock.using)
+        if self.schedule is not None and lock.acquired_at is not None:
+            self.slot = self.schedule.slot_at(lock.acquired_at)
+        holder = {
+            "status": RunStatus.RUNNING,
+            "host": identity.host,
+            "pid": identity.pid,
+            "instance": identity.instance,
+            "token": lock.token,
+            "started_at": DatabaseNow(),
+        }
+        try:
+            row = run_statement(
+                lock.using, lambda: runs.create(name=self.name, slot=self.slot, **holder)
+            )
+            self.run_id = row.pk
+            return None
+        except IntegrityError:
+            pass
+        existing = runs.filter(name=self.name, slot=self.slot).first()
+        if existing is not None and self.retry_failed and existing.status == RunStatus.FAILED:
+            retried = run_statement(
+                lock.using,
+                lambda: runs.filter(pk=existing.pk, status=RunStatus.FAILED).update(
+                    attempts=F("attempts") + 1,
+                    finished_at=None,
+                    duration=None,
+                    error_type="",
+                    error="",
+                    returncode=None,
+                    **holder,
+                ),
+            )
+            if retried:
+                self.run_id = existing.pk
+                return None
+            existing.refresh_from_db()
+        slot_text = self.slot.isoformat() if self.slot else "?"
+        owner = existing.owner if existing is not None else "?"
+        status = existing.status if existing is not None else "?"
+        self.say(f"skipped {self.name}: slot {slot_text} already run by {owner} ({status})")
+        signals.job_skipped.send(
+            sender=self.name, name=self.name, holder=owner, expires_at=None, slot=self.slot
+        )
+        return RunResult(self.name, Outcome.SKIPPED, holder=owner)
+
+    def _record_run(self, lock: Lock, result: RunResult) -> None:
+        from .models import JobRun
+
+        run_id = self.run_id
+        if run_id is None:
+            return
+        error_type = error = ""
+        if result.exception is not None:
+            error_type = type(result.exception).__qualname__[:255]
+            error = _bounded_traceback(result.exception)
+        values = {
+            "status": result.outcome.value,
+            "finished_at": DatabaseNow(),
+            "duration": result.duration,
+            "error_type": error_type,
+            "error": error,
+            "returncode": result.returncode,
+        }
+        try:
+            run_statement(
+                lock.using,
+                lambda: JobRun.objects.using(lock.using).filter(pk=run_id).update(**values),
+            )
+        except JobLockError:
+            logger.exception("could not record the end of run %s of %s", self.run_id, self.name)
 
     def _finish(self, lock: Lock, result: RunResult) -> None:
         detail = ""
@@ -199,6 +296,19 @@ class JobRunner:
     def _lost_receiver(self, sender: Any, lock: Lock, reason: str, **kwargs: Any) -> None:
         if lock is self.lock and self.on_lost is not None:
             self.on_lost(lock)
+
+
+TRACEBACK_LIMIT = 16_000
+
+
+def _bounded_traceback(exc: BaseException) -> str:
+    """The exception and its traceback, cut in the middle if longer than the limit."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if len(text) <= TRACEBACK_LIMIT:
+        return text
+    head = TRACEBACK_LIMIT // 4
+    cut = len(text) - TRACEBACK_LIMIT
+    return f"{text[:head]}\n[... {cut} characters cut ...]\n{text[cut + head :]}"
 
 
 @dataclass

@@ -128,3 +128,56 @@ def hold_then_report(
             results.put(("released", lock.release()))
     finally:
         connections.close_all()
+
+
+def slot_racer(
+    alias: str,
+    name: str,
+    every: float,
+    triggers: int,
+    ready: Any,
+    go: Any,
+    start_at: Any,
+    results: Any,
+    worker: int,
+    clock_shift: float = 0.0,
+) -> None:
+    """Call an ``every=`` job once per trigger, starting at a random point around it.
+
+    Starts are spread over [trigger - 0.5 s, trigger + 1.0 s], as cron on servers with
+    slightly different clocks and start-up times would spread them.
+    """
+    import random
+    import time
+
+    setup_django()
+    real_time = time.time
+    if clock_shift:
+        shift_python_clock(clock_shift)
+    from django.db import connections
+
+    from django_exclusive_jobs import exclusive_job
+
+    ran: list[int] = []
+    rng = random.Random(worker)
+
+    @exclusive_job(name, every=every, using=alias, ttl=30)
+    def job(trigger: int) -> None:
+        time.sleep(0.01)
+        ran.append(trigger)
+
+    try:
+        ready.wait(120)
+        go.wait(120)
+        first = start_at.value
+        for trigger in range(triggers):
+            moment = first + trigger * every + rng.uniform(-0.5, 1.0)
+            delay = moment - real_time()
+            if delay > 0:
+                time.sleep(delay)
+            job(trigger)
+        results.put((worker, ran, None))
+    except Exception:
+        results.put((worker, ran, traceback.format_exc()))
+    finally:
+        connections.close_all()

@@ -37,9 +37,10 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
 
 
 def clean_tables(alias: str) -> None:
-    from django_exclusive_jobs.models import JobLock
+    from django_exclusive_jobs.models import JobLock, JobRun
 
     JobLock.objects.using(alias).all().delete()
+    JobRun.objects.using(alias).all().delete()
 
 
 @pytest.fixture(params=list(BACKENDS))

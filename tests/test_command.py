@@ -368,3 +368,35 @@ def test_help_documents_exit_codes() -> None:
     for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "128+N"):
         assert f"\n  {code}" in result.stdout
     assert settings.ROOT_URLCONF  # the settings module really loaded
+
+
+def test_every_option_runs_a_slot_once_across_separate_starts(alias: str, marker: Path) -> None:
+    env = command_env(marker)
+    first = manage(alias, "quick", "--every", "1h", env=env)
+    late = manage(alias, "quick", "--every", "1h", env=env)
+    assert first.returncode == 0, first.stderr
+    assert " slot=" in first.stdout
+    assert late.returncode == 0
+    assert late.stdout.startswith("skipped quick: slot ")
+    assert "already run by" in late.stdout
+    assert runs(marker, "quick") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("quick", "--cron", "61 * * * *"), "is not valid"),
+        (("quick", "--cron", "0 * * * *", "--every", "1h"), "not both"),
+        (("quick", "--cron", "0 * * * *", "--timezone", "Nowhere/Land"), "Unknown time zone"),
+        (("quick", "--every", "0.5"), "at least 1 second"),
+    ],
+)
+def test_bad_schedule_options_exit_2(
+    alias: str, marker: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = manage(alias, *args, env=command_env(marker))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not marker.exists()
+    assert not JobLock.objects.using(alias).exists()

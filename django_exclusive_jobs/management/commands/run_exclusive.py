@@ -24,6 +24,7 @@ from django_exclusive_jobs.runner import (
     Outcome,
     stop_on_signals,
 )
+from django_exclusive_jobs.schedules import make_schedule
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -80,6 +81,21 @@ class Command(BaseCommand):
             default="10s",
             help="how long a child program may take to exit after SIGTERM (default 10s)",
         )
+        parser.add_argument(
+            "--every", type=_duration, help="the job's schedule: run once per slot of this length"
+        )
+        parser.add_argument(
+            "--cron", help="the job's schedule as a cron expression, e.g. '0 * * * *'"
+        )
+        parser.add_argument("--timezone", help="time zone of --cron (default: TIME_ZONE)")
+        parser.add_argument(
+            "--slot-tolerance",
+            type=_duration,
+            help="how early a start may be and still serve the coming slot (default 30s)",
+        )
+        parser.add_argument(
+            "--retry-failed", action="store_true", help="let this start retry a failed slot"
+        )
         parser.add_argument("--list", action="store_true", help="list registered jobs")
 
     def run_from_argv(self, argv: list[str]) -> None:
@@ -124,6 +140,19 @@ class Command(BaseCommand):
             "wait": options["wait"],
             "using": options["database"],
         }
+        try:
+            schedule = make_schedule(
+                every=options["every"],
+                cron=options["cron"],
+                timezone=options["timezone"],
+                tolerance=options["slot_tolerance"],
+            )
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        if schedule is not None:
+            overrides["schedule"] = schedule
+        if options["retry_failed"]:
+            overrides["retry_failed"] = True
         runner = runner_for(job, **overrides)
         verbosity = options["verbosity"]
 
@@ -190,9 +219,10 @@ class Command(BaseCommand):
         if not jobs:
             self.stdout.write("No jobs are registered with @exclusive_job.")
         for job in jobs:
+            schedule = job.schedule.describe() if job.schedule else "no schedule"
             self.stdout.write(
                 f"{job.name}  ttl={job.ttl or 'default'}  min_hold={job.min_hold or 'default'}"
-                f"  {job.target}"
+                f"  {schedule}  {job.target}"
             )
 
 

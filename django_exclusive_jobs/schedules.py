@@ -1,0 +1,145 @@
+"""Schedules: which scheduled instant (slot) a run serves, computed on database time.
+
+Every server's cron fires "at 12:00", but one starts at 11:59:59.6 (its clock is a little
+fast) and another at 12:00:01.2 (slow start-up). Both must serve the slot 12:00, so a run
+serves the latest scheduled instant at or before ``database now + tolerance``.
+A run that starts late (even long after) still serves the slot it missed, once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import zoneinfo
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from .conf import app_settings
+from .durations import DurationLike, parse_duration
+from .exceptions import LockConfigurationError
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Base class: ``slot_at(now)`` gives the slot a run starting at ``now`` serves."""
+
+    tolerance: dt.timedelta | None = None
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
+        """The latest scheduled instant <= moment, and the gap to the next one."""
+        raise NotImplementedError
+
+    def slot_at(self, now: dt.datetime) -> dt.datetime:
+        """The slot (a UTC datetime) that a run starting at ``now`` serves."""
+        now = now.astimezone(dt.timezone.utc)  # local arithmetic would drop `fold`
+        _, interval = self.latest_at_or_before(now)
+        early = self.tolerance
+        if early is None:
+            early = parse_duration(app_settings.SLOT_TOLERANCE, what="SLOT_TOLERANCE")
+        # A start may be early by at most a third of the interval, so a late start of
+        # the previous slot and an early start of the next can never meet.
+        early = min(early, interval / 3)
+        slot, _ = self.latest_at_or_before(now + early)
+        return slot.astimezone(dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class Every(Schedule):
+    """Every ``period``, at whole multiples of it counted from 1970-01-01 00:00 UTC."""
+
+    period: dt.timedelta = dt.timedelta(hours=1)
+
+    def describe(self) -> str:
+        return f"every {self.period}"
+
+    def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
+        elapsed = moment.astimezone(dt.timezone.utc) - EPOCH
+        return EPOCH + (elapsed // self.period) * self.period, self.period
+
+
+@dataclass(frozen=True)
+class Cron(Schedule):
+    """A cron expression, evaluated in ``timezone`` (DST handled as Debian cron does)."""
+
+    expression: str = "0 * * * *"
+    timezone: str = "UTC"
+
+    def describe(self) -> str:
+        return f"cron {self.expression!r} ({self.timezone})"
+
+    def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
+        from cronsim import CronSim
+
+        zone = zoneinfo.ZoneInfo(self.timezone)
+        # CronSim's reverse walk yields instants strictly before its start. Add in UTC:
+        # arithmetic on local times drops `fold` and would confuse a repeated hour.
+        utc = moment.astimezone(dt.timezone.utc).replace(microsecond=0)
+        start = (utc + dt.timedelta(seconds=1)).astimezone(zone)
+        slot = next(CronSim(self.expression, start, reverse=True))
+        following = next(CronSim(self.expression, slot))
+        return slot, following.astimezone(dt.timezone.utc) - slot.astimezone(dt.timezone.utc)
+
+
+def make_schedule(
+    *,
+    every: DurationLike | None = None,
+    cron: str | None = None,
+    timezone: str | None = None,
+    tolerance: DurationLike | None = None,
+) -> Schedule | None:
+    """Check the arguments and build the schedule (None when neither is given)."""
+    if every is not None and cron is not None:
+        raise LockConfigurationError("Give either every= or cron=, not both.")
+    if timezone is not None and cron is None:
+        raise LockConfigurationError("A time zone only applies to a cron= schedule.")
+    if tolerance is not None and every is None and cron is None:
+        raise LockConfigurationError("A slot tolerance only applies with every= or cron=.")
+    tolerance_delta = None
+    if tolerance is not None:
+        tolerance_delta = _duration(tolerance, "slot tolerance")
+        if tolerance_delta < dt.timedelta(0):
+            raise LockConfigurationError("The slot tolerance must not be negative.")
+    if every is not None:
+        period = _duration(every, "every")
+        if period < dt.timedelta(seconds=1):
+            raise LockConfigurationError(
+                f"every must be at least 1 second, got {period.total_seconds():g}s."
+            )
+        return Every(tolerance=tolerance_delta, period=period)
+    if cron is not None:
+        if not isinstance(cron, str):
+            raise LockConfigurationError("cron must be a string like '0 * * * *'.")
+        zone_name = timezone or settings.TIME_ZONE or "UTC"
+        try:
+            zoneinfo.ZoneInfo(zone_name)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise LockConfigurationError(f"Unknown time zone {zone_name!r}.") from None
+        try:
+            from cronsim import CronSim, CronSimError
+        except ImportError:  # pragma: no cover - depends on the install
+            raise LockConfigurationError(
+                "cron= schedules need cronsim: pip install 'django-exclusive-jobs[cron]'."
+            ) from None
+        fields = cron.split()
+        if len(fields) != 5:
+            raise LockConfigurationError(
+                f"Cron expression {cron!r} must have 5 fields (minute hour day month weekday)."
+            )
+        try:
+            CronSim(cron, dt.datetime(2000, 1, 1, tzinfo=zoneinfo.ZoneInfo(zone_name)))
+        except CronSimError as exc:
+            raise LockConfigurationError(f"Cron expression {cron!r} is not valid: {exc}.") from None
+        return Cron(tolerance=tolerance_delta, expression=" ".join(fields), timezone=zone_name)
+    return None
+
+
+def _duration(value: DurationLike, what: str) -> dt.timedelta:
+    try:
+        return parse_duration(value, what=what)
+    except ValueError as exc:
+        raise LockConfigurationError(str(exc)) from None

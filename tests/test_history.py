@@ -1,0 +1,196 @@
+"""Run history, once-per-slot, retries, pruning and stale/suspect locks, per backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.core.management import call_command
+
+from django_exclusive_jobs import exclusive_job, try_acquire
+from django_exclusive_jobs.dbtime import now_plus
+from django_exclusive_jobs.history import prune_runs
+from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
+
+from .helpers import expire_now
+
+
+def test_every_run_is_recorded_with_holder_token_and_duration(alias: str) -> None:
+    @exclusive_job("hist-plain", using=alias)
+    def job() -> None:
+        return None
+
+    job()
+    job()
+    runs = list(JobRun.objects.using(alias).filter(name="hist-plain").order_by("started_at"))
+    assert [run.status for run in runs] == [RunStatus.SUCCEEDED] * 2
+    assert [run.token for run in runs] == [1, 2]
+    assert all(run.slot is None for run in runs)
+    assert all(run.finished_at is not None and run.finished_at >= run.started_at for run in runs)
+    assert all(run.duration is not None and run.duration >= 0 for run in runs)
+    assert runs[0].owner and runs[0].pid
+
+
+def test_failure_is_recorded_with_type_and_traceback(alias: str) -> None:
+    @exclusive_job("hist-fail", using=alias)
+    def job() -> None:
+        raise ValueError("bad <b>input</b>")
+
+    with pytest.raises(ValueError, match="bad"):
+        job()
+    run = JobRun.objects.using(alias).get(name="hist-fail")
+    assert run.status == RunStatus.FAILED
+    assert run.error_type == "ValueError"
+    assert "Traceback (most recent call last)" in run.error
+    assert "bad <b>input</b>" in run.error
+
+
+def test_huge_traceback_is_bounded(alias: str) -> None:
+    @exclusive_job("hist-huge", using=alias)
+    def job() -> None:
+        raise RuntimeError("x" * 100_000)
+
+    with pytest.raises(RuntimeError, match="xxx"):
+        job()
+    run = JobRun.objects.using(alias).get(name="hist-huge")
+    assert len(run.error) < 17_000
+    assert "characters cut" in run.error
+
+
+def test_second_start_in_the_same_slot_skips_after_the_first_released(alias: str) -> None:
+    ran: list[int] = []
+
+    @exclusive_job("hist-slot", using=alias, every="1h")
+    def job() -> None:
+        ran.append(1)
+
+    job()
+    assert JobLock.objects.using(alias).free().filter(name="hist-slot").exists()
+    job()  # a late server: the lock is free, the slot is not
+    assert ran == [1]
+    runs = JobRun.objects.using(alias).filter(name="hist-slot")
+    assert runs.count() == 1
+    slot = runs.get().slot
+    assert slot is not None
+    assert slot.minute == slot.second == slot.microsecond == 0
+
+
+def flaky_body(calls: list[int]) -> object:
+    """A job body that fails on its first call only."""
+
+    def body() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first try fails")
+
+    return body
+
+
+def test_failed_slot_is_not_rerun(alias: str) -> None:
+    calls: list[int] = []
+    job = exclusive_job("hist-no-retry", using=alias, every="1h")(flaky_body(calls))
+    with pytest.raises(RuntimeError, match="first try"):
+        job()
+    assert job() is None  # skipped: the slot has a (failed) run
+    assert len(calls) == 1
+    assert JobRun.objects.using(alias).get(name="hist-no-retry").status == RunStatus.FAILED
+
+
+def test_retry_failed_reruns_a_failed_slot_once_it_succeeds(alias: str) -> None:
+    calls: list[int] = []
+    job = exclusive_job("hist-retry", using=alias, every="1h", retry_failed=True)(flaky_body(calls))
+    with pytest.raises(RuntimeError, match="first try"):
+        job()
+    job()
+    assert len(calls) == 2
+    run = JobRun.objects.using(alias).get(name="hist-retry")
+    assert (run.status, run.attempts, run.error) == (RunStatus.SUCCEEDED, 2, "")
+    job()  # a succeeded slot is never retried
+    assert len(calls) == 2
+
+
+def test_token_survives_a_hand_deleted_lock_row(alias: str) -> None:
+    @exclusive_job("hist-token", using=alias)
+    def job() -> None:
+        return None
+
+    job()
+    job()
+    JobLock.objects.using(alias).filter(name="hist-token").delete()
+    lock = try_acquire("hist-token", using=alias, ttl=30)
+    assert lock is not None
+    assert lock.token == 3
+    lock.release()
+
+
+def make_run(alias: str, name: str, status: str, *, days_ago: float, slot: bool = False) -> JobRun:
+    moment = now_plus(-dt.timedelta(days=days_ago))
+    run = JobRun.objects.using(alias).create(
+        name=name,
+        status=status,
+        started_at=moment,
+        finished_at=None if status == RunStatus.RUNNING else moment,
+        slot=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(days=days_ago)
+        if slot
+        else None,
+    )
+    return JobRun.objects.using(alias).get(pk=run.pk)
+
+
+def test_pruning_keeps_running_last_and_latest_slot_runs(alias: str) -> None:
+    old_running = make_run(alias, "a", RunStatus.RUNNING, days_ago=90)
+    a_old = make_run(alias, "a", RunStatus.SUCCEEDED, days_ago=60)
+    a_last = make_run(alias, "a", RunStatus.FAILED, days_ago=40)
+    b_slot_latest = make_run(alias, "b", RunStatus.SUCCEEDED, days_ago=50, slot=True)
+    b_slot_old = make_run(alias, "b", RunStatus.SUCCEEDED, days_ago=45, slot=False)
+    b_unslotted_last = make_run(alias, "b", RunStatus.SUCCEEDED, days_ago=35)
+    c_recent = make_run(alias, "c", RunStatus.SUCCEEDED, days_ago=1)
+    c_recent_2 = make_run(alias, "c", RunStatus.SUCCEEDED, days_ago=0.5)
+
+    assert prune_runs(dt.timedelta(days=30), using=alias, dry_run=True) == 2
+    call_command("prune_job_runs", "--older-than", "30d", "--database", alias, verbosity=0)
+    left = set(JobRun.objects.using(alias).values_list("id", flat=True))
+    assert left == {
+        old_running.pk,
+        a_last.pk,
+        b_slot_latest.pk,
+        b_unslotted_last.pk,
+        c_recent.pk,
+        c_recent_2.pk,
+    }
+    assert a_old.pk not in left
+    assert b_slot_old.pk not in left
+
+
+def test_prune_default_age_comes_from_keep_runs(alias: str, settings: object) -> None:
+    make_run(alias, "d", RunStatus.SUCCEEDED, days_ago=10)
+    make_run(alias, "d", RunStatus.SUCCEEDED, days_ago=5)
+    settings.EXCLUSIVE_JOBS = {"KEEP_RUNS": "7d"}  # type: ignore[attr-defined]
+    call_command("prune_job_runs", "--database", alias, verbosity=0)
+    assert JobRun.objects.using(alias).count() == 1
+
+
+def test_stale_and_suspect_locks(alias: str) -> None:
+    for _ in range(5):
+        JobRun.objects.using(alias).create(
+            name="slowish",
+            status=RunStatus.SUCCEEDED,
+            started_at=now_plus(-dt.timedelta(hours=1)),
+            duration=1.0,
+        )
+    lock = try_acquire("slowish", using=alias, ttl=60)
+    assert lock is not None
+    JobRun.objects.using(alias).create(
+        name="slowish",
+        status=RunStatus.RUNNING,
+        token=lock.token,
+        started_at=now_plus(-dt.timedelta(seconds=10)),
+    )
+    assert list(JobLock.objects.using(alias).suspect().values_list("name", flat=True)) == [
+        "slowish"
+    ]
+    assert not JobLock.objects.using(alias).suspect(factor=20).exists()
+    assert not JobLock.objects.using(alias).stale().exists()
+    expire_now(alias, "slowish")
+    assert list(JobLock.objects.using(alias).stale().values_list("name", flat=True)) == ["slowish"]
+    assert not JobLock.objects.using(alias).suspect().exists()  # expired: stale, not held

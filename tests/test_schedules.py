@@ -1,0 +1,108 @@
+"""Which slot a start serves: tolerance, catch-up, cron in a zone with DST."""
+
+from __future__ import annotations
+
+import datetime as dt
+import zoneinfo
+
+import pytest
+from django.test import override_settings
+
+from django_exclusive_jobs import LockConfigurationError
+from django_exclusive_jobs.schedules import Cron, Every, make_schedule
+
+UTC = dt.timezone.utc
+BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
+
+
+def at(text: str, zone: dt.tzinfo = UTC) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=zone)
+
+
+@pytest.mark.parametrize(
+    ("start", "slot"),
+    [
+        ("2026-11-22 12:00:00", "2026-11-22 12:00:00"),  # on time
+        ("2026-11-22 12:00:01.400", "2026-11-22 12:00:00"),  # a little late
+        ("2026-11-22 11:59:58.700", "2026-11-22 12:00:00"),  # a fast clock: early
+        ("2026-11-22 12:20:00", "2026-11-22 12:00:00"),  # very late: still serves 12:00
+        ("2026-11-22 12:59:31", "2026-11-22 13:00:00"),  # within 30 s of 13:00
+        ("2026-11-22 12:59:29", "2026-11-22 12:00:00"),
+    ],
+)
+def test_every_hour_slot(start: str, slot: str) -> None:
+    assert Every(period=dt.timedelta(hours=1)).slot_at(at(start)) == at(slot)
+
+
+def test_tolerance_is_capped_at_a_third_of_the_interval() -> None:
+    every3 = Every(period=dt.timedelta(seconds=3))
+    assert every3.slot_at(at("2026-11-22 12:00:02.100")) == at("2026-11-22 12:00:03")
+    assert every3.slot_at(at("2026-11-22 12:00:01.900")) == at("2026-11-22 12:00:00")
+
+
+def test_tolerance_setting_and_argument() -> None:
+    start = at("2026-11-22 11:59:50")
+    with override_settings(EXCLUSIVE_JOBS={"SLOT_TOLERANCE": "5s"}):
+        assert Every(period=dt.timedelta(hours=1)).slot_at(start) == at("2026-11-22 11:00")
+    wide = Every(tolerance=dt.timedelta(seconds=15), period=dt.timedelta(hours=1))
+    assert wide.slot_at(start) == at("2026-11-22 12:00")
+
+
+def test_cron_slot_is_in_the_schedules_time_zone() -> None:
+    daily = Cron(expression="30 6 * * *", timezone="Europe/Berlin")
+    assert daily.slot_at(at("2026-11-22 05:30:02")) == at("2026-11-22 05:30")  # 06:30 CET
+
+
+def test_cron_spring_forward_runs_the_missing_time_once() -> None:
+    """02:30 does not exist on 2026-03-29 in Berlin; the 02:30 job runs at 03:00 CEST."""
+    daily = Cron(expression="30 2 * * *", timezone="Europe/Berlin")
+    slot = daily.slot_at(at("2026-03-29 03:00:05", BERLIN))
+    assert slot == at("2026-03-29 03:00", BERLIN).astimezone(UTC)
+    # later that day the same slot is still the one to serve: no second run
+    assert daily.slot_at(at("2026-03-29 20:00", BERLIN)) == slot
+
+
+def test_cron_fall_back_runs_a_daily_job_once() -> None:
+    """02:30 happens twice on 2026-10-25 in Berlin; a daily 02:30 job has one slot."""
+    daily = Cron(expression="30 2 * * *", timezone="Europe/Berlin")
+    first = at("2026-10-25 02:30:01", BERLIN)  # CEST, fold=0
+    second = first.replace(fold=1)  # the repeated hour, CET
+    assert second.astimezone(UTC) - first.astimezone(UTC) == dt.timedelta(hours=1)
+    slot = at("2026-10-25 02:30", BERLIN).astimezone(UTC)
+    assert daily.slot_at(first) == daily.slot_at(second) == slot
+
+
+def test_cron_hourly_through_fall_back_has_distinct_slots() -> None:
+    hourly = Cron(expression="0 * * * *", timezone="Europe/Berlin")
+    first = at("2026-10-25 02:00:01", BERLIN)
+    second = first.replace(fold=1)
+    assert hourly.slot_at(first) != hourly.slot_at(second)
+    assert hourly.slot_at(second) - hourly.slot_at(first) == dt.timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"every": "1h", "cron": "0 * * * *"}, "not both"),
+        ({"every": "0"}, "at least 1 second"),
+        ({"every": "soon"}, "not a duration"),
+        ({"cron": "61 * * * *"}, "not valid"),
+        ({"cron": "* * *"}, "5 fields"),
+        ({"cron": "0 * * * * *"}, "5 fields"),
+        ({"cron": "0 * * * *", "timezone": "Mars/Olympus"}, "Unknown time zone"),
+        ({"every": "1h", "timezone": "UTC"}, "only applies to a cron"),
+        ({"tolerance": "5s"}, "only applies with every"),
+        ({"every": "1h", "tolerance": -5}, "must not be negative"),
+    ],
+)
+def test_bad_schedules_are_refused(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(LockConfigurationError, match=message) as info:
+        make_schedule(**kwargs)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+def test_cron_default_time_zone_is_settings_time_zone() -> None:
+    with override_settings(TIME_ZONE="America/New_York"):
+        schedule = make_schedule(cron="0 9 * * *")
+    assert isinstance(schedule, Cron)
+    assert schedule.timezone == "America/New_York"
