@@ -17,6 +17,8 @@ env = environ.Env()
 BASE_DIR = Path(__file__).resolve().parent
 ARTIFACTS = BASE_DIR / ".artifacts"
 ARTIFACTS.mkdir(exist_ok=True)
+# Lets two test runs share the database servers without dropping each other's databases.
+SUFFIX = os.environ.get("EXCLUSIVE_JOBS_TEST_DB_SUFFIX", "")
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -71,7 +73,7 @@ DATABASES: dict[str, dict[str, object]] = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(ARTIFACTS / "default.sqlite3"),
-        "TEST": {"NAME": str(ARTIFACTS / "test_default.sqlite3")},
+        "TEST": {"NAME": str(ARTIFACTS / f"test_default{SUFFIX}.sqlite3")},
         "OPTIONS": {"timeout": 10},
     },
 }
@@ -82,7 +84,12 @@ _servers = {
     "mysql": env.db_url("TEST_MYSQL_URL", default="mysql://root@127.0.0.1:3306/test"),
 }
 _servers["mysql"].setdefault("OPTIONS", {})["charset"] = "utf8mb4"
-_servers["mysql"]["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
+_servers["postgres"]["TEST"] = {"NAME": f"test_exclusive_jobs{SUFFIX}"}
+_servers["mysql"]["TEST"] = {
+    "NAME": f"test_exclusive_jobs{SUFFIX}",
+    "CHARSET": "utf8mb4",
+    "COLLATION": "utf8mb4_unicode_ci",
+}
 
 for _alias, _config in _servers.items():
     _reason = _reachable(_config)
