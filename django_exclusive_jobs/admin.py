@@ -1,0 +1,385 @@
+"""Admin pages: see every lock and run; release locks safely.
+
+Rows are read-only. Releasing a lock marks it released on database time; the old holder's
+next renew or ``ensure_held()`` raises ``LockLost``. Releasing a *live* lock (lease not
+over) needs an extra confirmation, because its job may still be running.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.utils.html import format_html
+from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
+
+from .conf import app_settings
+from .dbtime import DatabaseNow, database_now, now_plus
+from .models import JobLock, JobLockQuerySet, JobRun, LockState, RunStatus
+
+STATE_STYLE = {
+    LockState.HELD: "held",
+    LockState.COOLDOWN: "cooldown",
+    LockState.STALE: "stale",
+    LockState.FREE: "free",
+}
+
+
+class LockStateFilter(admin.SimpleListFilter):
+    title = gettext_lazy("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [
+            ("held", gettext_lazy("held")),
+            ("suspect", gettext_lazy("held, suspect (running long)")),
+            ("cooldown", gettext_lazy("released, kept for min_hold")),
+            ("stale", gettext_lazy("expired, not released (stale)")),
+            ("free", gettext_lazy("free")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        assert isinstance(queryset, JobLockQuerySet)
+        value = self.value()
+        if value in ("held", "suspect", "cooldown", "stale", "free"):
+            result: QuerySet[Any] = getattr(queryset, value)()
+            return result
+        return queryset
+
+
+@admin.register(JobLock)
+class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "name",
+        "state_badge",
+        "holder",
+        "acquired_at",
+        "expires_in",
+        "token",
+        "run_time",
+    ]
+    list_display_links = ["name"]
+    list_filter = [LockStateFilter]
+    search_fields = ["name", "host"]
+    ordering = ["name"]
+    actions = ["release_selected", "release_expired"]
+    _detail_fields = (
+        "name",
+        "state_badge",
+        "token",
+        "host",
+        "pid",
+        "instance",
+        "thread",
+        "acquired_at",
+        "expires_at",
+        "expires_in",
+        "released_at",
+        "run_time",
+    )
+    fields = _detail_fields
+    readonly_fields = _detail_fields
+    list_per_page = 100
+
+    # Read-only rows: nobody adds or edits locks by hand. Deleting a row would lose its
+    # token, so the delete permission is used only for the release actions.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None:
+            return False
+        return super().has_delete_permission(request)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobLock]:
+        current_run = JobRun.objects.filter(
+            name=OuterRef("name"), token=OuterRef("token"), status=RunStatus.RUNNING
+        ).values("started_at")[:1]
+        queryset = super().get_queryset(request)
+        assert isinstance(queryset, JobLockQuerySet)
+        return queryset.with_state().annotate(
+            db_now=DatabaseNow(), run_started_at=Subquery(current_run)
+        )
+
+    # columns ------------------------------------------------------------------
+
+    @admin.display(description=gettext_lazy("state"), ordering="state")
+    def state_badge(self, lock: JobLock) -> str:
+        state = getattr(lock, "state", None) or LockState.FREE
+        label = str(LockState(state).label)
+        if state == LockState.HELD and self._is_suspect(lock):
+            state, label = "suspect", _("held, suspect: running long")
+        return format_html(
+            '<span class="exclusive-jobs-badge exclusive-jobs-{}">{}</span>',
+            STATE_STYLE.get(state, state),
+            label,
+        )
+
+    @admin.display(description=gettext_lazy("holder"), ordering="host")
+    def holder(self, lock: JobLock) -> str:
+        if not lock.host:
+            return "—"
+        return format_html("{} <small>pid {}</small>", lock.host, lock.pid)
+
+    @admin.display(description=gettext_lazy("lease"), ordering="expires_at")
+    def expires_in(self, lock: JobLock) -> str:
+        if lock.expires_at is None:
+            return "—"
+        now = getattr(lock, "db_now", None) or database_now(lock._state.db or "default")
+        if lock.expires_at > now:
+            return _("ends in %(time)s") % {"time": timeuntil(lock.expires_at, now)}
+        return _("ended %(time)s ago") % {"time": timesince(lock.expires_at, now)}
+
+    @admin.display(description=gettext_lazy("run time / median"))
+    def run_time(self, lock: JobLock) -> str:
+        started = getattr(lock, "run_started_at", None)
+        if started is None or getattr(lock, "state", None) != LockState.HELD:
+            return "—"
+        elapsed = (lock.db_now - started).total_seconds()  # type: ignore[attr-defined]
+        median = self._median(lock)
+        if median is None:
+            return format_html("{} / —", _seconds(elapsed))
+        return format_html("{} / {}", _seconds(elapsed), _seconds(median))
+
+    def _median(self, lock: JobLock) -> float | None:
+        cache: dict[str, float | None] = getattr(self, "_median_cache", {})
+        if lock.name not in cache:
+            cache[lock.name] = JobRun.objects.using(lock._state.db).median_duration(lock.name)
+            self._median_cache = cache
+        return cache[lock.name]
+
+    def _is_suspect(self, lock: JobLock) -> bool:
+        started = getattr(lock, "run_started_at", None)
+        if started is None:
+            return False
+        median = self._median(lock)
+        if not median:
+            return False
+        elapsed = (lock.db_now - started).total_seconds()  # type: ignore[attr-defined]
+        return bool(elapsed > float(app_settings.SUSPECT_FACTOR) * median)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        self._median_cache = {}
+        return super().changelist_view(request, extra_context)
+
+    # actions ------------------------------------------------------------------
+
+    @admin.action(description=gettext_lazy("Release selected locks…"), permissions=["delete"])
+    def release_selected(
+        self, request: HttpRequest, queryset: QuerySet[JobLock]
+    ) -> HttpResponse | None:
+        assert isinstance(queryset, JobLockQuerySet)
+        locks = list(queryset.with_state().order_by("name"))
+        for lock in locks:
+            lock.state_label = LockState(lock.state).label  # type: ignore[attr-defined]
+        live = [lock for lock in locks if lock.state == LockState.HELD]  # type: ignore[attr-defined]
+        if request.POST.get("post") == "yes":
+            release_live = request.POST.get("release_live") == "yes"
+            names = [
+                lock.name
+                for lock in locks
+                if lock.state != LockState.HELD or release_live  # type: ignore[attr-defined]
+            ]
+            released = self._release(request, queryset.filter(name__in=names))
+            if released:
+                self.message_user(
+                    request,
+                    ngettext("Released %(n)d lock.", "Released %(n)d locks.", released)
+                    % {"n": released},
+                    messages.SUCCESS,
+                )
+            refused = [lock.name for lock in live if not release_live]
+            if refused:
+                self.message_user(
+                    request,
+                    _(
+                        "Not released, still live: %(names)s. Their jobs may be running; "
+                        "tick “Also release live locks” to release them."
+                    )
+                    % {"names": ", ".join(refused)},
+                    messages.WARNING,
+                )
+            if not released and not refused:
+                self.message_user(request, _("Nothing to release."), messages.INFO)
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Release locks?"),
+            "opts": self.model._meta,
+            "locks": locks,
+            "live": live,
+            "queryset": queryset,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action": "release_selected",
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request, "admin/django_exclusive_jobs/joblock/release_confirmation.html", context
+        )
+
+    @admin.action(description=gettext_lazy("Release expired locks"), permissions=["delete"])
+    def release_expired(self, request: HttpRequest, queryset: QuerySet[JobLock]) -> None:
+        assert isinstance(queryset, JobLockQuerySet)
+        released = self._release(request, queryset.stale())
+        skipped = queryset.count() - released
+        self.message_user(
+            request,
+            ngettext("Released %(n)d expired lock.", "Released %(n)d expired locks.", released)
+            % {"n": released}
+            + (" " + _("%(m)d not expired, left alone.") % {"m": skipped} if skipped else ""),
+            messages.SUCCESS if released else messages.INFO,
+        )
+
+    def _release(self, request: HttpRequest, queryset: QuerySet[JobLock]) -> int:
+        assert isinstance(queryset, JobLockQuerySet)
+        locks = list(queryset.closed() | queryset.stale())
+        released = queryset.filter(pk__in=[lock.pk for lock in locks]).force_release()
+        for lock in locks:
+            # The admin's own history ("History" on the lock), version-independent.
+            self.log_change(
+                request, lock, f"Released lock (token {lock.token}, holder {lock.owner or '-'})"
+            )
+        return released
+
+
+class RunStatusFilter(admin.SimpleListFilter):
+    title = gettext_lazy("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return list(RunStatus.choices)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value():
+            return queryset.filter(status=self.value())
+        return queryset
+
+
+@admin.register(JobRun)
+class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "name",
+        "status_badge",
+        "started_at",
+        "duration_text",
+        "host",
+        "slot",
+        "token",
+        "attempts",
+    ]
+    list_filter = [RunStatusFilter, ("name", admin.AllValuesFieldListFilter)]
+    date_hierarchy = "started_at"
+    search_fields = ["name", "host", "error_type", "error"]
+    ordering = ["-started_at", "-id"]
+    list_per_page = 100
+    _detail_fields = (
+        "name",
+        "status_badge",
+        "slot",
+        "started_at",
+        "finished_at",
+        "duration_text",
+        "host",
+        "pid",
+        "instance",
+        "token",
+        "attempts",
+        "returncode",
+        "error_type",
+        "error_text",
+    )
+    fields = _detail_fields
+    readonly_fields = _detail_fields
+    change_list_template = "admin/django_exclusive_jobs/jobrun/change_list.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=gettext_lazy("status"), ordering="status")
+    def status_badge(self, run: JobRun) -> str:
+        return format_html(
+            '<span class="exclusive-jobs-badge exclusive-jobs-{}">{}</span>',
+            run.status,
+            RunStatus(run.status).label,
+        )
+
+    @admin.display(description=gettext_lazy("duration"), ordering="duration")
+    def duration_text(self, run: JobRun) -> str:
+        return "—" if run.duration is None else _seconds(run.duration)
+
+    @admin.display(description=gettext_lazy("error and traceback"))
+    def error_text(self, run: JobRun) -> str:
+        if not run.error:
+            return "—"
+        return format_html('<pre class="exclusive-jobs-traceback">{}</pre>', run.error)
+
+    def get_urls(self) -> list[URLPattern]:
+        summary = path(
+            "summary/",
+            self.admin_site.admin_view(self.summary_view),
+            name="django_exclusive_jobs_jobrun_summary",
+        )
+        return [summary, *super().get_urls()]
+
+    def summary_view(self, request: HttpRequest) -> HttpResponse:
+        """One row per job: last run, last success, failures in 24 h, median duration."""
+        if not self.has_view_permission(request):
+            from django.core.exceptions import PermissionDenied
+
+            raise PermissionDenied
+        runs = JobRun.objects.using(self.get_queryset(request).db)
+        day_ago = now_plus(-dt.timedelta(hours=24))
+        rows = runs.values("name").annotate(
+            last_started=Max("started_at"),
+            last_success=Max("started_at", filter=Q(status=RunStatus.SUCCEEDED)),
+            failures_24h=Count("id", filter=Q(status=RunStatus.FAILED, started_at__gte=day_ago)),
+            total=Count("id"),
+        )
+        jobs = []
+        for row in rows.order_by("name"):
+            last = runs.filter(name=row["name"]).order_by("-started_at", "-id").first()
+            median = runs.median_duration(row["name"])
+            jobs.append(
+                {
+                    **row,
+                    "last": last,
+                    "median": "—" if median is None else _seconds(median),
+                }
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Jobs at a glance"),
+            "opts": self.model._meta,
+            "jobs": jobs,
+        }
+        return TemplateResponse(request, "admin/django_exclusive_jobs/jobrun/summary.html", context)
+
+
+def _seconds(value: float) -> str:
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"

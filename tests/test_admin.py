@@ -1,0 +1,226 @@
+"""The admin through Django's test client: permissions, escaping, releasing locks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from django_exclusive_jobs import LockLost, exclusive_job, try_acquire
+from django_exclusive_jobs.models import JobLock, JobRun, LockState
+
+from .helpers import expire_now, other_holder
+
+LOCKS = reverse("admin:django_exclusive_jobs_joblock_changelist")
+RUNS = reverse("admin:django_exclusive_jobs_jobrun_changelist")
+SUMMARY = reverse("admin:django_exclusive_jobs_jobrun_summary")
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_user(name: str, *, staff: bool = True, perms: tuple[str, ...] = ()) -> User:
+    user = User.objects.create_user(name, password="pw", is_staff=staff)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def client_for(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def superuser_client() -> Client:
+    return client_for(User.objects.create_superuser("root", password="pw"))
+
+
+@pytest.fixture
+def locks() -> Iterator[dict[str, Any]]:
+    """One live lock held by another server and one whose holder died (stale)."""
+    with other_holder("default") as other:
+        other.try_acquire("live-job", ttl=600)
+        other.try_acquire("dead-job", ttl=600)
+        expire_now("default", "dead-job")
+        yield {
+            "live": JobLock.objects.get(name="live-job"),
+            "dead": JobLock.objects.get(name="dead-job"),
+            "other": other,
+        }
+
+
+def state_of(name: str) -> str:
+    return JobLock.objects.with_state().get(name=name).state  # type: ignore[attr-defined]
+
+
+def test_changelist_shows_state_holder_and_token(
+    superuser_client: Client, locks: dict[str, Any]
+) -> None:
+    page = superuser_client.get(LOCKS).content.decode()
+    assert "live-job" in page
+    assert "dead-job" in page
+    assert "exclusive-jobs-held" in page
+    assert "exclusive-jobs-stale" in page
+    assert "ends in" in page
+    assert "ended" in page
+
+
+def test_state_filter(superuser_client: Client, locks: dict[str, Any]) -> None:
+    page = superuser_client.get(LOCKS, {"state": "stale"}).content.decode()
+    assert "dead-job" in page
+    assert "live-job" not in page
+
+
+def test_release_expired_action_frees_only_stale_locks(
+    superuser_client: Client, locks: dict[str, Any]
+) -> None:
+    ids = [locks["live"].pk, locks["dead"].pk]
+    response = superuser_client.post(
+        LOCKS, {"action": "release_expired", "_selected_action": ids}, follow=True
+    )
+    assert response.status_code == 200
+    assert "Released 1 expired lock." in response.content.decode()
+    assert state_of("dead-job") == LockState.FREE
+    assert state_of("live-job") == LockState.HELD
+
+
+def test_release_selected_asks_and_refuses_live_lock_without_extra_confirmation(
+    superuser_client: Client, locks: dict[str, Any]
+) -> None:
+    ids = [locks["live"].pk, locks["dead"].pk]
+    confirm = superuser_client.post(LOCKS, {"action": "release_selected", "_selected_action": ids})
+    page = confirm.content.decode()
+    assert confirm.status_code == 200
+    assert "LIVE: its job may still be running" in page
+    assert "Also release live locks" in page
+    done = superuser_client.post(
+        LOCKS,
+        {"action": "release_selected", "_selected_action": ids, "post": "yes"},
+        follow=True,
+    )
+    text = done.content.decode()
+    assert "Released 1 lock." in text
+    assert "Not released, still live: live-job" in text
+    assert state_of("live-job") == LockState.HELD
+    assert state_of("dead-job") == LockState.FREE
+
+
+def test_release_live_lock_with_extra_confirmation_makes_holder_lose(
+    superuser_client: Client,
+) -> None:
+    lock = try_acquire("mine", using="default", ttl=600)
+    assert lock is not None
+    pk = JobLock.objects.get(name="mine").pk
+    superuser_client.post(
+        LOCKS,
+        {
+            "action": "release_selected",
+            "_selected_action": [pk],
+            "post": "yes",
+            "release_live": "yes",
+        },
+    )
+    assert state_of("mine") == LockState.FREE
+    with pytest.raises(LockLost):
+        lock.ensure_held()
+    again = try_acquire("mine", using="default", ttl=60)
+    assert again is not None
+    assert again.token == lock.token + 1
+    again.release()
+
+
+def test_lock_rows_are_read_only(superuser_client: Client, locks: dict[str, Any]) -> None:
+    pk = locks["live"].pk
+    add = superuser_client.get(reverse("admin:django_exclusive_jobs_joblock_add"))
+    assert add.status_code == 403
+    detail = superuser_client.get(reverse("admin:django_exclusive_jobs_joblock_change", args=[pk]))
+    assert detail.status_code == 200
+    assert b'name="token"' not in detail.content  # no form fields
+    delete = superuser_client.get(reverse("admin:django_exclusive_jobs_joblock_delete", args=[pk]))
+    assert delete.status_code == 403
+    assert b"delete_selected" not in superuser_client.get(LOCKS).content
+
+
+def test_view_only_staff_sees_but_cannot_release(locks: dict[str, Any]) -> None:
+    viewer = client_for(make_user("viewer", perms=("view_joblock", "view_jobrun")))
+    page = viewer.get(LOCKS)
+    assert page.status_code == 200
+    assert b"release_selected" not in page.content
+    response = viewer.post(
+        LOCKS, {"action": "release_expired", "_selected_action": [locks["dead"].pk]}
+    )
+    assert response.status_code in (200, 302, 403)
+    assert state_of("dead-job") == LockState.STALE
+
+
+def test_staff_with_delete_permission_can_release(locks: dict[str, Any]) -> None:
+    operator = client_for(make_user("operator", perms=("view_joblock", "delete_joblock")))
+    page = operator.get(LOCKS).content.decode()
+    assert "release_selected" in page
+    operator.post(LOCKS, {"action": "release_expired", "_selected_action": [locks["dead"].pk]})
+    assert state_of("dead-job") == LockState.FREE
+
+
+def test_staff_without_permissions_and_non_staff_are_kept_out(locks: dict[str, Any]) -> None:
+    nobody = client_for(make_user("nobody"))
+    assert nobody.get(LOCKS).status_code == 403
+    outsider = client_for(make_user("outsider", staff=False))
+    response = outsider.get(LOCKS)
+    assert response.status_code == 302
+    assert "/login/" in response["Location"]
+    assert outsider.get(SUMMARY).status_code == 302
+
+
+def test_names_and_errors_are_escaped(superuser_client: Client) -> None:
+    evil = "<script>alert(1)</script>"
+
+    @exclusive_job(evil, using="default")
+    def job() -> None:
+        raise RuntimeError("<img src=x onerror=alert(2)>")
+
+    with pytest.raises(RuntimeError):
+        job()
+    pages = [
+        superuser_client.get(LOCKS).content.decode(),
+        superuser_client.get(RUNS).content.decode(),
+        superuser_client.get(SUMMARY).content.decode(),
+        superuser_client.get(
+            reverse(
+                "admin:django_exclusive_jobs_jobrun_change",
+                args=[JobRun.objects.get(name=evil).pk],
+            )
+        ).content.decode(),
+    ]
+    for page in pages:
+        assert "<script>alert(1)" not in page
+        assert "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[0]
+    assert "&lt;img src=x onerror=alert(2)&gt;" in pages[3]
+
+
+def test_run_detail_shows_traceback_and_summary_counts_failures(superuser_client: Client) -> None:
+    @exclusive_job("nightly-export", using="default")
+    def job(fail: bool) -> None:
+        if fail:
+            raise ValueError("export target full")
+
+    job(False)
+    with pytest.raises(ValueError, match="full"):
+        job(True)
+    failed = JobRun.objects.get(name="nightly-export", status="failed")
+    detail = superuser_client.get(
+        reverse("admin:django_exclusive_jobs_jobrun_change", args=[failed.pk])
+    ).content.decode()
+    assert "Traceback (most recent call last)" in detail
+    assert "export target full" in detail
+    summary = superuser_client.get(SUMMARY).content.decode()
+    assert "nightly-export" in summary
+    assert "exclusive-jobs-failed" in summary
+    runs_page = superuser_client.get(RUNS, {"status": "failed"}).content.decode()
+    assert "nightly-export" in runs_page
+    assert "Jobs at a glance" in superuser_client.get(RUNS).content.decode()

@@ -1,0 +1,94 @@
+"""`manage.py exclusive_locks`: list and release locks from a shell, per backend."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_exclusive_jobs import LockLost, try_acquire
+from django_exclusive_jobs.models import JobLock, LockState
+
+from .helpers import expire_now, other_holder
+
+
+def run(alias: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command("exclusive_locks", *args, "--database", alias, stdout=out)
+    return out.getvalue()
+
+
+def state_of(alias: str, name: str) -> str:
+    return JobLock.objects.using(alias).with_state().get(name=name).state  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def two_locks(alias: str):  # type: ignore[no-untyped-def]
+    with other_holder(alias) as other:
+        other.try_acquire("live", ttl=600)
+        other.try_acquire("dead", ttl=600)
+        expire_now(alias, "dead")
+        yield other
+
+
+def test_lists_locks_with_state_token_and_holder(alias: str, two_locks: object) -> None:
+    lines = run(alias).splitlines()
+    assert lines[0].split() == ["NAME", "STATE", "TOKEN", "LEASE", "HOLDER"]
+    dead, live = lines[1].split(), lines[2].split()
+    assert dead[:3] == ["dead", "stale", "1"]
+    assert live[:3] == ["live", "held", "1"]
+    assert "ends in" in lines[2]
+    assert "ended" in lines[1]
+
+
+def test_stale_lists_only_expired_locks(alias: str, two_locks: object) -> None:
+    assert [line.split()[0] for line in run(alias, "--stale").splitlines()[1:]] == ["dead"]
+
+
+def test_json_output(alias: str, two_locks: object) -> None:
+    records = json.loads(run(alias, "--json"))
+    assert [(r["name"], r["state"], r["token"]) for r in records] == [
+        ("dead", "stale", 1),
+        ("live", "held", 1),
+    ]
+    assert records[1]["seconds_left"] > 500
+    assert records[0]["seconds_left"] < 0
+    assert records[1]["owner"] == two_locks.owner  # type: ignore[attr-defined]
+
+
+def test_release_refuses_a_live_lock_without_force(alias: str, two_locks: object) -> None:
+    with pytest.raises(CommandError, match="is live") as info:
+        run(alias, "--release", "live")
+    assert info.value.returncode == 1
+    assert "--force" in str(info.value)
+    assert state_of(alias, "live") == LockState.HELD
+
+
+def test_release_with_force_frees_a_live_lock_and_its_holder_loses(alias: str) -> None:
+    lock = try_acquire("mine", using=alias, ttl=600)
+    assert lock is not None
+    assert "released mine (was held" in run(alias, "--release", "mine", "--force")
+    assert state_of(alias, "mine") == LockState.FREE
+    with pytest.raises(LockLost):
+        lock.renew()
+
+
+def test_release_stale(alias: str, two_locks: object) -> None:
+    assert run(alias, "--release-stale").strip() == "released 1 stale lock(s)"
+    assert state_of(alias, "dead") == LockState.FREE
+    assert state_of(alias, "live") == LockState.HELD
+
+
+def test_release_unknown_lock_exits_1(alias: str) -> None:
+    with pytest.raises(CommandError, match="No lock named 'ghost'") as info:
+        run(alias, "--release", "ghost")
+    assert info.value.returncode == 1
+
+
+def test_unknown_database_exits_2() -> None:
+    with pytest.raises(CommandError, match="Unknown database alias") as info:
+        call_command("exclusive_locks", "--database", "nope")
+    assert info.value.returncode == 2
