@@ -1,0 +1,178 @@
+"""The admin in a real headless Chromium (Debian's), driven by Playwright.
+
+Screenshots go to tests/.artifacts/screenshots; with UPDATE_DOCS_SCREENSHOTS=1 they are
+also copied to docs/_static/screenshots for the documentation.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from django_exclusive_jobs import exclusive_job
+from django_exclusive_jobs.models import JobLock, LockState
+
+from .helpers import expire_now, other_holder
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "tests" / ".artifacts" / "screenshots"
+DOC_SHOTS = ROOT / "docs" / "_static" / "screenshots"
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not os.environ.get("CI"):
+        if not Path(CHROMIUM).exists():
+            pytest.skip("Chromium is not installed (apt-get install chromium)")
+        pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop on this thread; the test's own ORM calls
+    # are still plain synchronous code, so let Django allow them here.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+            if previous is None:
+                os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+            else:
+                os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+def shot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("UPDATE_DOCS_SCREENSHOTS"):
+        DOC_SHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, DOC_SHOTS / path.name)
+
+
+def state_of(name: str) -> str:
+    return JobLock.objects.with_state().get(name=name).state  # type: ignore[attr-defined]
+
+
+def log_in(page: Any, base: str) -> None:
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "oncall")
+    page.fill("#id_password", "correct horse")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{base}/admin/")
+
+
+def choose_action(page: Any, names: list[str], action: str) -> None:
+    for name in names:
+        row = page.locator("#result_list tbody tr", has_text=name)
+        row.locator("input.action-select").check()
+    page.select_option("select[name=action]", action)
+    page.click("button[name=index]")
+
+
+def test_on_call_engineer_releases_a_dead_lock_but_not_a_live_one(
+    browser: Any, live_server: Any
+) -> None:
+    User.objects.create_superuser("oncall", password="correct horse")
+
+    @exclusive_job("nightly_export", using="default")
+    def nightly_export() -> None:
+        raise ConnectionError("export bucket unreachable <b>not bold</b>")
+
+    with pytest.raises(ConnectionError):
+        nightly_export()
+
+    with other_holder("default") as other:
+        other.try_acquire("hourly_report", ttl=600)
+        other.try_acquire("cleanup_sessions", ttl=600)
+        expire_now("default", "cleanup_sessions")  # its server died mid-job
+
+        context = browser.new_context(viewport={"width": 1600, "height": 800})
+        page = context.new_page()
+        try:
+            log_in(page, live_server.url)
+            page.goto(f"{live_server.url}/admin/django_exclusive_jobs/joblock/")
+            rows = page.locator("#result_list tbody tr")
+            assert rows.count() == 3
+            held = page.locator("#result_list tbody tr", has_text="hourly_report")
+            stale = page.locator("#result_list tbody tr", has_text="cleanup_sessions")
+            assert held.locator(".exclusive-jobs-held").is_visible()
+            assert stale.locator(".exclusive-jobs-stale").is_visible()
+            assert "ends in" in held.inner_text()
+            shot(page, "admin-locks")
+
+            # The expired lock goes through the safe action.
+            choose_action(page, ["cleanup_sessions"], "release_expired")
+            assert "Released 1 expired lock." in page.locator(".messagelist").inner_text()
+            assert state_of("cleanup_sessions") == LockState.FREE
+
+            # The live one is shown as live and refused without the extra box.
+            choose_action(page, ["hourly_report"], "release_selected")
+            assert "LIVE: its job may still be running" in page.inner_text("#release-list")
+            assert page.locator("#release-live").is_visible()
+            shot(page, "admin-release-confirmation")
+            page.click("input[type=submit][value='Yes, release']")
+            assert (
+                "Not released, still live: hourly_report"
+                in page.locator(".messagelist").inner_text()
+            )
+            assert state_of("hourly_report") == LockState.HELD
+
+            # The failed run's traceback is one click away.
+            page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobrun/?status=failed")
+            assert page.locator(".exclusive-jobs-failed").first.is_visible()
+            shot(page, "admin-runs")
+            page.click("#result_list tbody tr a")
+            traceback = page.locator("pre.exclusive-jobs-traceback")
+            assert "Traceback (most recent call last)" in traceback.inner_text()
+            assert "export bucket unreachable <b>not bold</b>" in traceback.inner_text()
+            assert page.locator("pre.exclusive-jobs-traceback b").count() == 0
+            shot(page, "admin-run-detail")
+
+            page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobrun/summary/")
+            assert "nightly_export" in page.inner_text("#job-summary")
+            shot(page, "admin-summary")
+        finally:
+            context.close()
+
+
+def test_admin_pages_follow_dark_mode(browser: Any, live_server: Any) -> None:
+    User.objects.create_superuser("oncall", password="correct horse")
+    with other_holder("default") as other:
+        other.try_acquire("hourly_report", ttl=600)
+        context = browser.new_context(viewport={"width": 1600, "height": 600}, color_scheme="dark")
+        page = context.new_page()
+        try:
+            log_in(page, live_server.url)
+            page.goto(f"{live_server.url}/admin/django_exclusive_jobs/joblock/")
+            badge = page.locator(".exclusive-jobs-held").first
+            color = badge.evaluate("el => getComputedStyle(el).color")
+            body = page.evaluate("getComputedStyle(document.body).color")
+            assert color == body  # badge text follows the theme's text colour
+            assert page.evaluate("getComputedStyle(document.body).backgroundColor") != (
+                "rgb(255, 255, 255)"
+            )
+            shot(page, "admin-locks-dark")
+        finally:
+            context.close()
