@@ -105,6 +105,8 @@ class JobRunner:
     retry_failed: bool = False
     lock: Lock | None = field(default=None, init=False)
     run_id: int | None = field(default=None, init=False)
+    in_job: bool = field(default=False, init=False)
+    pending_signal: int | None = field(default=None, init=False)
     slot: dt.datetime | None = field(default=None, init=False)
     _started: float = field(default=0.0, init=False)
 
@@ -128,7 +130,11 @@ class JobRunner:
             return RunResult(
                 self.name, Outcome.SKIPPED, holder=held.owner, held_until=held.expires_at
             )
-        claimed = self._claim_run(lock)
+        try:
+            claimed = self._claim_run(lock)
+        except BaseException:
+            lock.release()  # never leave the lock held because history failed
+            raise
         if claimed is not None:
             lock.release()
             return claimed
@@ -180,13 +186,34 @@ class JobRunner:
             return started
         result = RunResult(self.name, Outcome.SUCCEEDED, token=started.token)
         try:
+            self.in_job = True
+            if self.pending_signal is not None:  # arrived while taking the lock
+                raise Interrupted(self.pending_signal)
             result.value = target(started)
         except BaseException as exc:
             self.record(result, exc)
             if not isinstance(exc, (Exception, Interrupted)):
+                self.in_job = False
                 self.finish(result)
                 raise
-        return self.finish(result)
+        finally:
+            self.in_job = False
+        self.finish(result)
+        if self.pending_signal is not None and result.outcome != Outcome.INTERRUPTED:
+            # The signal came while the lock was being released: the job had ended,
+            # but the process was still asked to stop.
+            result.outcome, result.signum = Outcome.INTERRUPTED, self.pending_signal
+        return result
+
+    def on_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT: stop the job if it is running, else finish the lock work first.
+
+        Raising inside a lock statement could leave the lock held until its lease ends,
+        so outside the job body the signal is only remembered.
+        """
+        if self.in_job:
+            raise Interrupted(signum)
+        self.pending_signal = signum
 
     def _claim_run(self, lock: Lock) -> RunResult | None:
         """Write this run's history row; a SKIPPED result if its slot already has a run.
@@ -357,6 +384,8 @@ class ChildProgram:
         self._mutex = threading.Lock()
 
     def __call__(self, lock: Lock) -> ChildExit:
+        if self.signum is not None:  # asked to stop before the program even started
+            raise Interrupted(self.signum)
         # Its own process group, so a stop reaches the program's own children too.
         self.process = subprocess.Popen(self.argv, start_new_session=True)
         while True:

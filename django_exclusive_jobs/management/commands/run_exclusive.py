@@ -171,7 +171,7 @@ class Command(BaseCommand):
             child.grace = parse_duration(options["grace"]).total_seconds()
             runner.on_lost = child.on_lost
         try:
-            with stop_on_signals(child.on_signal if child is not None else None):
+            with stop_on_signals(child.on_signal if child is not None else runner.on_signal):
                 result = runner.run(target)
         except LockConfigurationError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
