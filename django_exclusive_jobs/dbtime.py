@@ -21,8 +21,20 @@ class DatabaseNow(Now):
 
     Django's ``Now()`` is ``CURRENT_TIMESTAMP(6)`` on MySQL/MariaDB: the *session* time
     zone, which is local time on most servers. With ``USE_TZ`` Django stores UTC, so
-    compare against ``UTC_TIMESTAMP(6)`` instead.
+    compare against ``UTC_TIMESTAMP(6)`` instead. On SQLite and PostgreSQL the precise
+    forms are spelt out so that older Django versions behave the same.
     """
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # The statement's time, not the transaction's (CURRENT_TIMESTAMP), on every
+        # Django version.
+        return self.as_sql(compiler, connection, template="STATEMENT_TIMESTAMP()", **extra_context)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # Millisecond precision (CURRENT_TIMESTAMP has whole seconds), on every Django
+        # version.
+        template = "STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%f', 'NOW')"
+        return self.as_sql(compiler, connection, template=template, **extra_context)
 
     def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
         template = "UTC_TIMESTAMP(6)" if settings.USE_TZ else "CURRENT_TIMESTAMP(6)"

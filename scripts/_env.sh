@@ -63,3 +63,30 @@ ensure_venv() {
         "$VENV/bin/python" -c "import django_exclusive_jobs" && touch "$stamp"
     fi
 }
+
+find_python() {  # find_python 3.12 -> a python3.12 executable, or nothing
+    local version=$1 found=""
+    if command -v pyenv >/dev/null; then
+        found=$(pyenv prefix "$version" 2>/dev/null | head -n1)/bin/python$version
+    fi
+    [ -x "$found" ] || found=$(command -v "python$version" || true)
+    [ -n "$found" ] && [ -x "$found" ] && echo "$found"
+}
+
+run_on_django() {  # run_on_django PYTHON_VERSION DJANGO_SPEC SUFFIX pytest-args...
+    local version=$1 spec=$2 suffix=$3; shift 3
+    local python venv=".venv-django-$suffix"
+    python=$(find_python "$version") || true
+    if [ -z "$python" ]; then
+        log "no Python $version here: cannot test $spec"
+        [ -n "${CI:-}" ] && return 1
+        return 0
+    fi
+    if [ ! -x "$venv/bin/python" ]; then
+        "$python" -m venv "$venv"
+    fi
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$spec" -e ".[postgres,mysql,cron,test]" 2>&1 \
+        | grep -v "^WARNING: Location" >&2 || true
+    log "tests on $("$venv/bin/python" -c 'import django, sys; print("Django", django.get_version(), "Python", sys.version.split()[0])')"
+    EXCLUSIVE_JOBS_TEST_DB_SUFFIX="_$suffix" "$venv/bin/python" -m pytest "$@"
+}
