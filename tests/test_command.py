@@ -61,6 +61,18 @@ def manage(
     )
 
 
+def django_admin(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m django ARGS`` with the test settings, as cron would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        cwd=ROOT,
+        env=env or command_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.fixture
 def marker(tmp_path: Path) -> Path:
     return tmp_path / "marker.txt"
@@ -195,14 +207,7 @@ def test_usage_errors_exit_2_with_one_line(
 
 
 def test_unknown_database_alias_exits_2(marker: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "django", "run_exclusive", "quick", "--database", "nope"],
-        cwd=ROOT,
-        env=command_env(marker),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = django_admin("run_exclusive", "quick", "--database", "nope", env=command_env(marker))
     assert result.returncode == 2
     assert "Unknown database alias 'nope'" in result.stderr
     assert not marker.exists()
@@ -343,28 +348,14 @@ def test_lost_lock_kills_child_and_exits_4(
 
 
 def test_list_shows_registered_jobs() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "django", "run_exclusive", "--list"],
-        cwd=ROOT,
-        env=command_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = django_admin("run_exclusive", "--list")
     assert result.returncode == 0
     names = [line.split()[0] for line in result.stdout.splitlines()]
     assert names == ["async_quick", "broken", "quick", "slow"]
 
 
 def test_help_documents_exit_codes() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "django", "help", "run_exclusive"],
-        cwd=ROOT,
-        env=command_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = django_admin("help", "run_exclusive")
     for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "128+N"):
         assert f"\n  {code}" in result.stdout
     assert settings.ROOT_URLCONF  # the settings module really loaded

@@ -12,3 +12,11 @@ def hourly_report() -> None:
     """Pretend to build and send the hourly report."""
     time.sleep(float(os.environ.get("DEMO_JOB_SECONDS", "1")))
     print(f"hourly_report sent by {socket.gethostname()} pid {os.getpid()}", flush=True)
+
+
+@exclusive_job("cleanup_sessions", cron="0 3 * * *", ttl="30m")
+def cleanup_sessions() -> None:
+    """Nightly at 03:00 (TIME_ZONE): each night's slot runs once, however many servers."""
+    from django.core.management import call_command
+
+    call_command("clearsessions")
