@@ -20,3 +20,8 @@ def cleanup_sessions() -> None:
     from django.core.management import call_command
 
     call_command("clearsessions")
+
+
+@exclusive_job("noop")
+def noop() -> None:
+    """Does nothing: benchmarks/bench_command.py times `run_exclusive noop` with it."""
