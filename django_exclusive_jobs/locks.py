@@ -253,12 +253,15 @@ class _Compiled:
     params: tuple[Any, ...]
     slots: dict[Any, int]
     returning: bool
+    name_again: bool = False  # the name is bound once more at the end
 
     def bind(self, **values: Any) -> list[Any]:
         params = list(self.params)
         for placeholder, index in self.slots.items():
             # Keep the driver's own wrapper type (psycopg's Int8 for a bigint, say).
             params[index] = type(params[index])(values[_SLOT_NAMES[placeholder]])
+        if self.name_again:
+            params.append(values["name"])
         return params
 
 
@@ -271,8 +274,13 @@ def _compile_update(
     key: tuple[Any, ...],
     build: Callable[[], tuple[JobLockQuerySet, dict[str, Any]]],
     returning: list[str],
+    *,
+    or_holder: bool = False,
 ) -> _Compiled | None:
     """Compile ``queryset.update(**values)`` once per shape; None if it cannot be reused.
+
+    With ``or_holder`` (PostgreSQL), the statement also returns the current holder's row
+    when the UPDATE changed nothing, so a lost race is decided in one round trip.
 
     Building an UPDATE through the ORM costs far more CPU than the statement itself
     takes in the database; with ten servers on two cores that CPU is what they queue
@@ -288,10 +296,21 @@ def _compile_update(
     query.add_update_values(values)
     sql, params = query.get_compiler(alias).as_sql()
     wants_rows = bool(returning) and connection.vendor == "postgresql"
+    name_again = False
     if wants_rows:
         qn = connection.ops.quote_name
         columns = ", ".join(qn(_column(queryset.model, name)) for name in returning)
         sql = f"{sql} RETURNING {columns}"
+        if or_holder:
+            table = qn(queryset.model._meta.db_table)
+            holder = ", ".join(qn(name) for name in ("host", "pid", "instance"))
+            sql = (
+                f"WITH taken AS ({sql}) "
+                f"SELECT true, {columns}, NULL, NULL, NULL FROM taken UNION ALL "
+                f"SELECT false, {columns}, {holder} FROM {table} "
+                f"WHERE {qn('name')} = %s AND NOT EXISTS (SELECT 1 FROM taken)"
+            )
+            name_again = True
     slots: dict[Any, int] = {}
     usable = True
     for placeholder in _SLOT_NAMES:
@@ -300,7 +319,7 @@ def _compile_update(
             usable = False
         elif hits:
             slots[placeholder] = hits[0]
-    compiled = _Compiled(sql, tuple(params), slots, wants_rows) if usable else None
+    compiled = _Compiled(sql, tuple(params), slots, wants_rows, name_again) if usable else None
     if len(_compiled) > 1024:
         _compiled.clear()
     _compiled[cache_key] = compiled
@@ -615,28 +634,38 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         ("take", ttl, identity.instance),
         lambda: (rows.filter(_lease_over(), name=_NAME), take_values(_THREAD)),
         ["token", "acquired_at", "expires_at"],
+        or_holder=True,
     )
 
-    def take_over() -> tuple[int, Any, Any] | None:
+    def decide() -> tuple[bool, tuple[Any, ...]] | None:
+        """(won, row) after one conditional UPDATE; None when the name has no row yet."""
         if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
             count = rows.filter(_lease_over(), name=name).update(**take_values(thread))
         else:
             count, returned = _run_update(alias, compiled, name=name, thread=thread)
-            if returned:
-                return returned[0]
-        if not count:
-            return None
-        return (
-            rows.filter(
+            if returned:  # PostgreSQL: ours, or the holder's row
+                won, token, acquired_at, expires_at, host, pid, instance = returned[0]
+                if won:
+                    return True, (token, acquired_at, expires_at)
+                return False, (host, pid, instance, expires_at)
+            if compiled.returning:
+                return None
+        if count:
+            mine = rows.filter(
                 name=name, instance=identity.instance, thread=thread, released_at__isnull=True
             )
-            .values_list("token", "acquired_at", "expires_at")
-            .first()
-        )
+            row = mine.values_list("token", "acquired_at", "expires_at").first()
+            return (True, row) if row is not None else None
+        held = rows.filter(name=name).values_list("host", "pid", "instance", "expires_at").first()
+        return (False, held) if held is not None else None
 
-    won = run_statement(alias, take_over)
-    if won is not None:
-        token, acquired_at, expires_at = won
+    decision = run_statement(alias, decide)
+    if decision is not None:
+        won, found = decision
+        if not won:
+            host, pid, instance, expires_at = found
+            return JobLock(name=name, host=host, pid=pid, instance=instance, expires_at=expires_at)
+        token, acquired_at, expires_at = found
         return Lock(
             name=name,
             using=alias,
@@ -659,14 +688,6 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             # someone else's decision, so report it as held by whoever has it now.
             return rows.get_or_create(name=name, defaults=defaults)
 
-    holder = run_statement(
-        alias,
-        lambda: (
-            rows.filter(name=name).only("name", "host", "pid", "instance", "expires_at").first()
-        ),
-    )
-    if holder is not None:
-        return holder  # held: the conditional UPDATE found the lease open
     row, created = run_statement(alias, create)
     if not created:
         return row
