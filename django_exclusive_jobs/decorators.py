@@ -65,7 +65,9 @@ def exclusive_job(
     With ``every="1h"`` or ``cron="0 * * * *"`` (and ``timezone=``, default
     ``settings.TIME_ZONE``) each scheduled slot runs once: a server that starts a little
     late finds the slot taken and skips, even after the first run released the lock.
-    ``retry_failed=True`` lets a later start retry a slot whose run failed.
+    ``retry_failed=True`` lets a later start retry a slot whose run failed, was
+    interrupted or lost its lock (a crashed server's run is marked lost once another
+    server takes the lock over).
     """
     if callable(name):
         return exclusive_job()(name)
@@ -74,6 +76,8 @@ def exclusive_job(
     # Check what was passed here; the settings' defaults are the system checks' job.
     validate_timing(ttl, min_hold, use_settings=False)
     schedule = make_schedule(every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance)
+    if retry_failed and schedule is None:
+        raise LockConfigurationError("retry_failed only applies with every= or cron=.")
 
     def decorate(func: F) -> F:
         job_name = validate_name(name or f"{func.__module__}.{func.__qualname__}")

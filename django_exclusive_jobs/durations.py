@@ -39,14 +39,20 @@ def parse_duration(value: DurationLike, *, what: str = "duration") -> dt.timedel
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise ValueError(f"{what} must be finite, got {value!r}")
-        return dt.timedelta(seconds=value)
+        try:
+            return dt.timedelta(seconds=value)
+        except OverflowError:
+            raise ValueError(f"{what} {value!r} is too long") from None
     if isinstance(value, str):
         if not value.strip():
             raise ValueError(f"{what} is empty: use seconds (90) or a duration like 15m")
         match = _SUFFIXED.match(value)
         if match:
             number, unit = match.groups()
-            return dt.timedelta(seconds=float(number) * _UNITS[(unit or "s").lower()])
+            try:
+                return dt.timedelta(seconds=float(number) * _UNITS[(unit or "s").lower()])
+            except OverflowError:
+                raise ValueError(f"{what} {value!r} is too long") from None
         parsed = _django_parse_duration(value.strip())
         if parsed is not None:
             return parsed

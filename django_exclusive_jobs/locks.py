@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_exclusive_jobs")
 
 MAX_NAME_LENGTH = 255
+MIN_TTL = dt.timedelta(milliseconds=100)
 T = TypeVar("T")
 
 
@@ -122,6 +123,11 @@ def validate_timing(
         ttl_delta = _duration(ttl, app_settings.TTL, "ttl")
     if ttl_delta <= dt.timedelta(0):
         raise LockConfigurationError(f"ttl must be positive, got {ttl_delta.total_seconds():g}s.")
+    if ttl_delta < MIN_TTL:
+        raise LockConfigurationError(
+            f"ttl must be at least {MIN_TTL.total_seconds():g}s, got "
+            f"{ttl_delta.total_seconds():g}s: the lease would end before the job starts."
+        )
     if not use_settings and min_hold is None:
         return ttl_delta, dt.timedelta(0)
     hold = _duration(min_hold, app_settings.MIN_HOLD, "min_hold")
@@ -141,7 +147,7 @@ def resolve_alias(using: str | None) -> str:
     """The database alias for the lock table: argument, setting, then routers."""
     from .models import JobLock
 
-    alias = using or app_settings.DATABASE or router.db_for_write(JobLock)
+    alias = using if using is not None else (app_settings.DATABASE or router.db_for_write(JobLock))
     if not isinstance(alias, str) or alias not in connections.settings:
         known = ", ".join(sorted(connections.settings))
         raise LockConfigurationError(
@@ -169,6 +175,7 @@ def check_outside_transaction(alias: str) -> None:
 # --- running statements ---------------------------------------------------------------
 
 _MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock
+RECONNECT_DELAYS = (0.2, 0.5, 1.0)
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -205,6 +212,7 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
     bound = parse_duration(app_settings.SQLITE_BUSY_TIMEOUT).total_seconds()
     deadline = time.monotonic() + bound
     delay = 0.005
+    reconnects = list(RECONNECT_DELAYS)
     while True:
         try:
             return operation()
@@ -213,7 +221,20 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 0.25)
                 continue
-            connections[alias].close_if_unusable_or_obsolete()
+            connection = connections[alias]
+            connection.close_if_unusable_or_obsolete()
+            if connection.connection is None and reconnects and not connection.in_atomic_block:
+                # A dropped connection (server restart, network blip): try again on a
+                # fresh one a few times before calling the database unreachable.
+                pause = reconnects.pop(0)
+                logger.info(
+                    "connection to database %r dropped, reconnecting in %gs: %s",
+                    alias,
+                    pause,
+                    _one_line(exc),
+                )
+                time.sleep(pause)
+                continue
             if _table_missing(alias):
                 raise LockConfigurationError(
                     f"The lock table does not exist on database {alias!r}: "
@@ -439,16 +460,24 @@ class Lock:
             return 0.0
         return max(0.0, self._deadline - time.monotonic())
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, *, unless_renewed_by: float | None = None) -> bool:
+        """Mark the lock lost (once) and send ``lock_lost``; True if this call did it.
+
+        With ``unless_renewed_by``, only if the local deadline is still at or before that
+        monotonic time: a renewal that got through in the meantime wins.
+        """
         with self._mutex:
             if self._state != _HELD:
-                return
+                return False
+            if unless_renewed_by is not None and self._deadline > unless_renewed_by:
+                return False
             self._state = _LOST
             self.lost_reason = reason
         logger.warning(
             "lock lost: %s token=%s owner=%s: %s", self.name, self.token, self.owner, reason
         )
         signals.lock_lost.send(sender=Lock, lock=self, reason=reason)
+        return True
 
     # operations ------------------------------------------------------------------
 
@@ -506,8 +535,15 @@ class Lock:
             self._mark_lost("the lease ran out or the lock was cleared or taken over")
             raise LockLost(self.name, self.token, self.lost_reason or "lost")
         with self._mutex:
-            self.expires_at = expires_at
-            self._deadline = started + self.ttl.total_seconds()
+            renewed_in_time = self._state == _HELD
+            if renewed_in_time:
+                self.expires_at = expires_at
+                self._deadline = started + self.ttl.total_seconds()
+        if not renewed_in_time:
+            # The keep-alive's watchdog gave up while this renewal was on its way and
+            # the job was told to stop: hand the lease back rather than sit on it.
+            self._give_back()
+            raise LockLost(self.name, self.token, self.lost_reason or "lost")
 
     def release(self) -> bool:
         """Give the lock back; keep it closed until ``acquired_at + min_hold``.
@@ -532,21 +568,16 @@ class Lock:
         if registry.get((self.using, self.name)) is self:
             del registry[(self.using, self.name)]
 
-        def release_values() -> dict[str, Any]:
-            now = DatabaseNow()
-            hold = Greatest(now, F("acquired_at") + self.min_hold) if self.min_hold else now
-            return {"released_at": now, "expires_at": hold}
-
         compiled = _compile_update(
             self.using,
             ("release", self.min_hold),
-            lambda: (_mine(self.using, _NAME, _TOKEN), release_values()),
+            lambda: (_mine(self.using, _NAME, _TOKEN), _release_values(self.min_hold)),
             [],
         )
 
         def do_release() -> int:
             if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
-                return self._mine().update(**release_values())
+                return self._mine().update(**_release_values(self.min_hold))
             return _run_update(self.using, compiled, name=self.name, token=self.token)[0]
 
         changed = run_statement(self.using, do_release)
@@ -559,6 +590,18 @@ class Lock:
             return False
         logger.debug("released %s token=%s", self.name, self.token)
         return True
+
+    def _give_back(self) -> None:
+        """Free this token's row after the lock was marked lost; errors only logged."""
+        try:
+            changed = run_statement(
+                self.using, lambda: self._mine().update(**_release_values(self.min_hold))
+            )
+        except JobLockError as exc:
+            logger.warning("could not give back %s token=%s: %s", self.name, self.token, exc)
+            return
+        if changed:
+            logger.info("gave back %s token=%s after it was marked lost", self.name, self.token)
 
     # keep-alive ------------------------------------------------------------------
 
@@ -589,6 +632,13 @@ def _mine(alias: str, name: str, token: int) -> JobLockQuerySet:
     from .models import JobLock
 
     return JobLock.objects.using(alias).filter(name=name, token=token, released_at__isnull=True)
+
+
+def _release_values(min_hold: dt.timedelta) -> dict[str, Any]:
+    """Mark released; the lease stays until ``acquired_at + min_hold`` at the latest."""
+    now = DatabaseNow()
+    hold = Greatest(now, F("acquired_at") + min_hold) if min_hold else now
+    return {"released_at": now, "expires_at": hold}
 
 
 def _lease_open() -> Q:

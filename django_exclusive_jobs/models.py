@@ -155,6 +155,11 @@ class RunStatus(models.TextChoices):
     INTERRUPTED = "interrupted", _("interrupted")
     LOST = "lost", _("lost")
 
+    @classmethod
+    def unsuccessful(cls) -> list[str]:
+        """The ends a later start may retry with ``retry_failed``: the job did not finish."""
+        return [cls.FAILED, cls.INTERRUPTED, cls.LOST]
+
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
     def running(self) -> JobRunQuerySet:

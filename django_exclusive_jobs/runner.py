@@ -168,9 +168,10 @@ class JobRunner:
         result.duration = time.monotonic() - self._started
         lock.stop_keepalive()
         signals.lock_lost.disconnect(self._lost_receiver, sender=Lock)
+        lock.release()
+        # Checked after release(): that is where a lock cleared mid-run is found out.
         if lock.lost and result.outcome != Outcome.INTERRUPTED:
             result.outcome = Outcome.LOST
-        lock.release()
         if isinstance(result.value, ChildExit):
             result.returncode = result.value.returncode
             if result.returncode != 0 and result.outcome == Outcome.SUCCEEDED:
@@ -224,6 +225,7 @@ class JobRunner:
         from .models import JobRun, RunStatus
 
         runs = JobRun.objects.using(lock.using)
+        self._close_abandoned_runs(lock)
         if self.schedule is not None and lock.acquired_at is not None:
             self.slot = self.schedule.slot_at(lock.acquired_at)
         holder = {
@@ -243,10 +245,11 @@ class JobRunner:
         except IntegrityError:
             pass
         existing = runs.filter(name=self.name, slot=self.slot).first()
-        if existing is not None and self.retry_failed and existing.status == RunStatus.FAILED:
+        retryable = RunStatus.unsuccessful()
+        if existing is not None and self.retry_failed and existing.status in retryable:
             retried = run_statement(
                 lock.using,
-                lambda: runs.filter(pk=existing.pk, status=RunStatus.FAILED).update(
+                lambda: runs.filter(pk=existing.pk, status__in=retryable).update(
                     attempts=F("attempts") + 1,
                     finished_at=None,
                     duration=None,
@@ -268,6 +271,39 @@ class JobRunner:
             sender=self.name, name=self.name, holder=owner, expires_at=None, slot=self.slot
         )
         return RunResult(self.name, Outcome.SKIPPED, holder=owner)
+
+    def _close_abandoned_runs(self, lock: Lock) -> None:
+        """Mark this job's runs still 'running' under an older token as lost.
+
+        Holding token N means every holder before it lost the lock: its server crashed,
+        or it was paused or cut off and will find out itself. Without this a crashed
+        run would stay 'running' for ever, and its slot could never be retried.
+        """
+        from .models import JobRun, RunStatus
+
+        reason = (
+            f"The lock was taken over by token {lock.token} after this run's lease ran "
+            "out or it was released by hand: its server crashed, or lost the lock."
+        )
+        closed = run_statement(
+            lock.using,
+            lambda: (
+                JobRun.objects.using(lock.using)
+                .filter(name=self.name, status=RunStatus.RUNNING, token__lt=lock.token)
+                .update(
+                    status=RunStatus.LOST,
+                    finished_at=DatabaseNow(),
+                    error_type="LockLost",
+                    error=reason,
+                )
+            ),
+        )
+        if closed:
+            logger.warning(
+                "%s: %s earlier run(s) still marked running lost the lock; marked lost",
+                self.name,
+                closed,
+            )
 
     def _record_run(self, lock: Lock, result: RunResult) -> None:
         from .models import JobRun

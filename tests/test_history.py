@@ -7,12 +7,12 @@ import datetime as dt
 import pytest
 from django.core.management import call_command
 
-from django_exclusive_jobs import exclusive_job, try_acquire
+from django_exclusive_jobs import exclusive_job, release_lock, try_acquire
 from django_exclusive_jobs.dbtime import now_plus
 from django_exclusive_jobs.history import prune_runs
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 
-from .helpers import expire_now
+from .helpers import expire_now, other_holder
 
 
 def test_every_run_is_recorded_with_holder_token_and_duration(alias: str) -> None:
@@ -107,6 +107,53 @@ def test_retry_failed_reruns_a_failed_slot_once_it_succeeds(alias: str) -> None:
     assert (run.status, run.attempts, run.error) == (RunStatus.SUCCEEDED, 2, "")
     job()  # a succeeded slot is never retried
     assert len(calls) == 2
+
+
+def test_run_whose_lock_was_cleared_mid_run_is_recorded_lost_and_can_be_retried(
+    alias: str,
+) -> None:
+    calls: list[int] = []
+
+    @exclusive_job("hist-cleared", using=alias, every="1h", retry_failed=True)
+    def job() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            release_lock("hist-cleared", using=alias)  # an operator clears it mid-run
+
+    job()
+    run = JobRun.objects.using(alias).get(name="hist-cleared")
+    assert run.status == RunStatus.LOST  # not "succeeded": it did not run exclusively
+    job()  # retry_failed also retries a slot whose run lost its lock
+    assert len(calls) == 2
+    run.refresh_from_db()
+    assert (run.status, run.attempts) == (RunStatus.SUCCEEDED, 2)
+
+
+def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:
+    with other_holder(alias) as other:
+        dead_token = other.try_acquire("hist-crash", ttl=30)
+    # That server died mid-run: its lock row and its 'running' run row stay behind.
+    JobRun.objects.using(alias).create(
+        name="hist-crash",
+        status=RunStatus.RUNNING,
+        token=dead_token,
+        started_at=now_plus(dt.timedelta(0)),
+        host="dead-server",
+    )
+    expire_now(alias, "hist-crash")  # and its lease ran out
+
+    @exclusive_job("hist-crash", using=alias)
+    def job() -> None:
+        return None
+
+    job()
+    runs = {run.token: run for run in JobRun.objects.using(alias).filter(name="hist-crash")}
+    assert set(runs) == {dead_token, dead_token + 1}
+    dead = runs[dead_token]
+    assert (dead.status, dead.error_type) == (RunStatus.LOST, "LockLost")
+    assert dead.finished_at is not None
+    assert f"taken over by token {dead_token + 1}" in dead.error
+    assert runs[dead_token + 1].status == RunStatus.SUCCEEDED
 
 
 def test_token_survives_a_hand_deleted_lock_row(alias: str) -> None:

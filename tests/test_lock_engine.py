@@ -286,6 +286,58 @@ def test_keepalive_reports_takeover_as_lost(alias: str) -> None:
         lock_lost.disconnect(receiver)
 
 
+def test_watchdog_gives_up_a_lock_whose_renewals_never_come_back(alias: str) -> None:
+    """A renewal stuck on a silent database must not keep the job going past its lease."""
+    from django_exclusive_jobs.keepalive import KeepAlive
+
+    reasons: list[str] = []
+
+    def receiver(sender: object, lock: object, reason: str, **kwargs: object) -> None:
+        reasons.append(reason)
+
+    lock = try_acquire("silent", using=alias, ttl=1)
+    assert lock is not None
+    keepalive = KeepAlive(lock, interval=3600)  # renewals that never happen in time
+    lock_lost.connect(receiver)
+    try:
+        keepalive.start()
+        deadline = time.monotonic() + 10
+        while not lock.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock.lost, "the watchdog never gave the lock up"
+        assert not lock.held
+        assert reasons == [lock.lost_reason]
+        assert "no renewal got through before the lease ran out" in reasons[0]
+        with pytest.raises(LockLost):
+            lock.renew()
+    finally:
+        keepalive.stop()
+        lock_lost.disconnect(receiver)
+    assert not keepalive.is_alive()
+
+
+def test_renewal_that_lands_after_the_lock_was_given_up_hands_the_lease_back(
+    alias: str,
+) -> None:
+    lock = try_acquire("late", using=alias, ttl=60)
+    assert lock is not None
+
+    def give_up_while_in_flight(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        lock._mark_lost("the watchdog gave up")  # as if it fired during the renewal
+        return execute(sql, params, many, context)
+
+    with (
+        connections[alias].execute_wrapper(give_up_while_in_flight),
+        pytest.raises(LockLost, match="the watchdog gave up"),
+    ):
+        lock.renew()
+    saved = row(alias, "late")
+    assert saved.token == lock.token
+    assert saved.released_at is not None  # handed back, not left held for 60 s
+    with other_holder(alias) as other:
+        assert other.try_acquire("late", ttl=30) == lock.token + 1
+
+
 def test_lock_inside_atomic_block_is_refused(alias: str) -> None:
     with (
         transaction.atomic(using=alias),

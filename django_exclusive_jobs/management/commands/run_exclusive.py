@@ -94,7 +94,9 @@ class Command(BaseCommand):
             help="how early a start may be and still serve the coming slot (default 30s)",
         )
         parser.add_argument(
-            "--retry-failed", action="store_true", help="let this start retry a failed slot"
+            "--retry-failed",
+            action="store_true",
+            help="let this start retry a slot whose run failed, was interrupted or was lost",
         )
         parser.add_argument("--list", action="store_true", help="list registered jobs")
 
@@ -133,6 +135,11 @@ class Command(BaseCommand):
         errors = [message for message in check_settings() if message.is_serious()]
         if errors:
             raise CommandError(f"{errors[0].msg} ({errors[0].id})", returncode=EXIT_USAGE)
+        if not 0 <= options["skipped_exit_code"] <= 255:
+            raise CommandError("--skipped-exit-code must be between 0 and 255.", returncode=2)
+        grace = parse_duration(options["grace"]).total_seconds()
+        if grace < 0:
+            raise CommandError("--grace must not be negative.", returncode=2)
         job, target, child = self._target(name, program, extra)
         overrides = {
             "ttl": options["ttl"],
@@ -152,6 +159,12 @@ class Command(BaseCommand):
         if schedule is not None:
             overrides["schedule"] = schedule
         if options["retry_failed"]:
+            if schedule is None and job.schedule is None:
+                raise CommandError(
+                    "--retry-failed only applies with --every or --cron, or to a job that "
+                    "declares a schedule.",
+                    returncode=EXIT_USAGE,
+                )
             overrides["retry_failed"] = True
         runner = runner_for(job, **overrides)
         verbosity = options["verbosity"]
@@ -168,7 +181,7 @@ class Command(BaseCommand):
 
         runner.report = report
         if child is not None:
-            child.grace = parse_duration(options["grace"]).total_seconds()
+            child.grace = grace
             runner.on_lost = child.on_lost
         try:
             with stop_on_signals(child.on_signal if child is not None else runner.on_signal):
