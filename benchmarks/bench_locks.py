@@ -63,14 +63,32 @@ def database_settings(backend: str, sqlite_path: str) -> dict[str, Any]:
     return {"ENGINE": "django.db.backends.sqlite3", "NAME": sqlite_path, "OPTIONS": {"timeout": 30}}
 
 
+PREPARED = "prepared"
+PREPARED_OPTIONS = {"server_side_binding": True, "prepare_threshold": 5}
+
+
+def ours_kinds(config: dict[str, Any]) -> list[str]:
+    """'ours' on Django's default connection, and on PostgreSQL 'ours-prepared' too."""
+    return ["ours", "ours-prepared"] if config["ENGINE"].endswith("postgresql") else ["ours"]
+
+
+def alias_of(kind: str) -> str:
+    return PREPARED if kind == "ours-prepared" else "default"
+
+
 def setup_django(config: dict[str, Any]) -> None:
     import django
     from django.conf import settings
 
+    databases = {"default": config}
+    if config["ENGINE"].endswith("postgresql"):
+        # The same database with psycopg's prepared statements, which a project opts into
+        # with these two OPTIONS (Django's default parses and plans every statement).
+        databases[PREPARED] = {**config, "OPTIONS": PREPARED_OPTIONS}
     if not settings.configured:
         settings.configure(
             INSTALLED_APPS=["django.contrib.contenttypes", "django_exclusive_jobs"],
-            DATABASES={"default": config},
+            DATABASES=databases,
             USE_TZ=True,
             DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
             EXCLUSIVE_JOBS={"KEEPALIVE": False},
@@ -223,18 +241,19 @@ def uncontended(config: dict[str, Any], iterations: int) -> dict[str, dict[str, 
     from django_exclusive_jobs import try_acquire
 
     reset(config, ["bench"])
-    results: dict[str, list[float]] = {"ours": [], "floor": [], "naive": []}
+    order = [*ours_kinds(config), "floor", "naive"]
+    results: dict[str, list[float]] = {kind: [] for kind in order}
     floor, naive = Floor(config, "me"), Naive(config, "me")
     for _ in range(iterations // 10):  # warm-up
-        lock = try_acquire("bench", ttl=60)
-        assert lock is not None
-        lock.release()
-    order = ["ours", "floor", "naive"]
-    for number in range(iterations):
-        kind = order[number % 3]
+        for kind in ours_kinds(config):
+            lock = try_acquire("bench", ttl=60, using=alias_of(kind))
+            assert lock is not None
+            lock.release()
+    for number in range(iterations * len(order) // 3):
+        kind = order[number % len(order)]
         started = time.perf_counter()
-        if kind == "ours":
-            lock = try_acquire("bench", ttl=60)
+        if kind.startswith("ours"):
+            lock = try_acquire("bench", ttl=60, using=alias_of(kind))
             assert lock is not None
             lock.release()
         else:
@@ -270,7 +289,7 @@ def contender(
             barrier.wait(300)
             started = time.perf_counter()
             if tool is None:
-                lock = try_acquire("contended", ttl=60)
+                lock = try_acquire("contended", ttl=60, using=alias_of(kind))
                 won = lock is not None
             else:
                 won = tool.take("contended")
@@ -545,7 +564,7 @@ def main() -> None:
     print("| uncontended acquire+release | p50 µs | p99 µs | mean µs | mean / floor |")
     print("|---|---|---|---|---|")
     single = uncontended(config, args.iterations)
-    for kind in ("ours", "floor", "naive"):
+    for kind in single:
         row = single[kind]
         ratio = row["mean"] / single["floor"]["mean"]
         print(
@@ -564,7 +583,8 @@ def main() -> None:
             print(f"| (PostgreSQL max_connections allows only {processes} of {wanted}) | | | | | |")
         rounds = max(10, args.rounds * 10 // processes)
         rows = {
-            kind: contended(config, kind, processes, rounds) for kind in ("ours", "floor", "naive")
+            kind: contended(config, kind, processes, rounds)
+            for kind in (*ours_kinds(config), "floor", "naive")
         }
         for kind, row in rows.items():
             ratio = row["p50"] / rows["floor"]["p50"]

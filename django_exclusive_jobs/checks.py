@@ -75,6 +75,33 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_exclusive_jobs.E003",
             )
         )
+    tolerance = duration("SLOT_TOLERANCE")
+    if tolerance is not None and tolerance < dt.timedelta(0):
+        errors.append(
+            Error(
+                f"{SETTING}['SLOT_TOLERANCE'] must not be negative.",
+                hint="It is how early a server may start and still serve the coming slot.",
+                id="django_exclusive_jobs.E007",
+            )
+        )
+    keep = duration("KEEP_RUNS")
+    if keep is not None and keep <= dt.timedelta(0):
+        errors.append(
+            Error(
+                f"{SETTING}['KEEP_RUNS'] must be positive.",
+                hint="prune_job_runs deletes runs older than this; 30 days is the default.",
+                id="django_exclusive_jobs.E007",
+            )
+        )
+    factor = merged["SUSPECT_FACTOR"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
+        errors.append(
+            Error(
+                f"{SETTING}['SUSPECT_FACTOR'] must be a number above 1, not {factor!r}.",
+                hint="A run is suspect when it lasts this many times its job's median.",
+                id="django_exclusive_jobs.E008",
+            )
+        )
     alias = merged["DATABASE"]
     if alias is not None and alias not in settings.DATABASES:
         errors.append(

@@ -24,7 +24,8 @@ DEFAULTS: dict[str, Any] = {
     # A held lock is "suspect" when its run has lasted this many times the job's
     # median successful duration.
     "SUSPECT_FACTOR": 3,
-    # How long to keep retrying when SQLite says "database is locked".
+    # How long to keep retrying when SQLite says "database is locked" (and a MariaDB or
+    # MySQL statement picked as a deadlock victim or timed out waiting for a row lock).
     "SQLITE_BUSY_TIMEOUT": dt.timedelta(seconds=30),
 }
 

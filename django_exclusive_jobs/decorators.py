@@ -68,6 +68,14 @@ def exclusive_job(
     ``retry_failed=True`` lets a later start retry a slot whose run failed, was
     interrupted or lost its lock (a crashed server's run is marked lost once another
     server takes the lock over).
+
+    The other arguments: ``ttl`` (lease length; default ``EXCLUSIVE_JOBS["TTL"]``),
+    ``min_hold`` (keep the lock closed until this long after the start, for jobs
+    without a schedule), ``wait`` (poll this long for a held lock instead of skipping),
+    ``using`` (the lock's database alias), ``keepalive`` (renew the lease while the job
+    runs; default ``EXCLUSIVE_JOBS["KEEPALIVE"]``), ``slot_tolerance`` (how early a start
+    may be and still serve the coming slot; default ``EXCLUSIVE_JOBS["SLOT_TOLERANCE"]``).
+    Durations are seconds or strings such as ``"90s"``, ``"15m"``, ``"1h"``.
     """
     if callable(name):
         return exclusive_job()(name)

@@ -209,15 +209,18 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
     deadlock victim among racing inserts. Neither means "held", so retry with backoff.
     A missing table or an unreachable server becomes one clear ``JobLockError``.
     """
-    bound = parse_duration(app_settings.SQLITE_BUSY_TIMEOUT).total_seconds()
-    deadline = time.monotonic() + bound
+    deadline: float | None = None  # set at the first busy answer: most calls never see one
     delay = 0.005
     reconnects = list(RECONNECT_DELAYS)
     while True:
         try:
             return operation()
         except (OperationalError, InterfaceError) as exc:
-            if _is_busy(exc) and time.monotonic() + delay < deadline:
+            busy = _is_busy(exc)
+            if busy and deadline is None:
+                bound = parse_duration(app_settings.SQLITE_BUSY_TIMEOUT).total_seconds()
+                deadline = time.monotonic() + bound
+            if busy and deadline is not None and time.monotonic() + delay < deadline:
                 time.sleep(delay * random.uniform(0.5, 1.5))
                 delay = min(delay * 2, 0.25)
                 continue
@@ -354,11 +357,29 @@ def _same(param: Any, placeholder: Any) -> bool:
 def _run_update(
     alias: str, compiled: _Compiled, **values: Any
 ) -> tuple[int, list[tuple[Any, ...]]]:
-    """Execute a compiled UPDATE; return its row count and, on PostgreSQL, its rows."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(compiled.sql, compiled.bind(**values))
-        rows = list(cursor.fetchall()) if compiled.returning else []
-        return cursor.rowcount, rows
+    """Execute a compiled UPDATE; return its row count and, on PostgreSQL, its rows.
+
+    It runs on the backend's own cursor (the one Django's cursor wraps; errors are still
+    translated into Django's), which saves a good part of what a lock costs beyond the
+    SQL. Whenever someone watches the connection (an ``execute_wrapper``, DEBUG's query
+    log), it goes through Django's cursor so they see the statement.
+    """
+    connection = connections[alias]
+    params = compiled.bind(**values)
+    if connection.execute_wrappers or connection.queries_logged:
+        with connection.cursor() as cursor:
+            cursor.execute(compiled.sql, params)
+            rows = list(cursor.fetchall()) if compiled.returning else []
+            return cursor.rowcount, rows
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = connection.create_cursor()
+        try:
+            cursor.execute(compiled.sql, params)
+            rows = list(cursor.fetchall()) if compiled.returning else []
+            return cursor.rowcount, rows
+        finally:
+            cursor.close()
 
 
 # --- the lock -------------------------------------------------------------------------
@@ -384,13 +405,21 @@ class Lock:
     a write guarded by ``WHERE token >= mine`` refuses a holder that was taken over.
     """
 
+    #: The lock's name (one lock per name and database).
     name: str
+    #: The database alias the lock row lives on.
     using: str
+    #: How long each lease lasts; keep-alive renews it every ttl/3.
     ttl: dt.timedelta
+    #: On release the lease stays until ``acquired_at + min_hold``.
     min_hold: dt.timedelta
+    #: The fencing token: one higher at every acquisition of the name, never reused.
     token: int
+    #: This holder: ``host:pid:instance`` (the instance id is random per process).
     owner: str
+    #: When this acquisition was made, on the database's clock.
     acquired_at: dt.datetime | None
+    #: When the lease ends unless renewed, on the database's clock.
     expires_at: dt.datetime | None
 
     def __init__(
@@ -615,6 +644,7 @@ class Lock:
         self._keepalive.start()
 
     def stop_keepalive(self) -> None:
+        """Stop renewing the lease (release() does this itself)."""
         keepalive, self._keepalive = self._keepalive, None
         if keepalive is not None:
             keepalive.stop()
@@ -670,7 +700,10 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     from .models import JobLock
 
     started = time.monotonic()
-    rows = JobLock.objects.using(alias)
+
+    def rows() -> JobLockQuerySet:  # built only off the compiled fast path
+        return JobLock.objects.using(alias)
+
     thread = threading.get_native_id()
 
     def take_values(thread_value: Any) -> dict[str, Any]:
@@ -682,7 +715,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     compiled = _compile_update(
         alias,
         ("take", ttl, identity.instance),
-        lambda: (rows.filter(_lease_over(), name=_NAME), take_values(_THREAD)),
+        lambda: (rows().filter(_lease_over(), name=_NAME), take_values(_THREAD)),
         ["token", "acquired_at", "expires_at"],
         or_holder=True,
     )
@@ -690,7 +723,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     def decide() -> tuple[bool, tuple[Any, ...]] | None:
         """(won, row) after one conditional UPDATE; None when the name has no row yet."""
         if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
-            count = rows.filter(_lease_over(), name=name).update(**take_values(thread))
+            count = rows().filter(_lease_over(), name=name).update(**take_values(thread))
         else:
             count, returned = _run_update(alias, compiled, name=name, thread=thread)
             if returned:  # PostgreSQL: ours, or the holder's row
@@ -701,12 +734,12 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             if compiled.returning:
                 return None
         if count:
-            mine = rows.filter(
+            mine = rows().filter(
                 name=name, instance=identity.instance, thread=thread, released_at__isnull=True
             )
             row = mine.values_list("token", "acquired_at", "expires_at").first()
             return (True, row) if row is not None else None
-        held = rows.filter(name=name).values_list("host", "pid", "instance", "expires_at").first()
+        held = rows().filter(name=name).values_list("host", "pid", "instance", "expires_at").first()
         return (False, held) if held is not None else None
 
     decision = run_statement(alias, decide)
@@ -732,11 +765,11 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         defaults["token"] = _first_token(alias, name)
         try:
             with transaction.atomic(using=alias):
-                return rows.get_or_create(name=name, defaults=defaults)
+                return rows().get_or_create(name=name, defaults=defaults)
         except IntegrityError:
             # The row was inserted and deleted again between get and create: it was
             # someone else's decision, so report it as held by whoever has it now.
-            return rows.get_or_create(name=name, defaults=defaults)
+            return rows().get_or_create(name=name, defaults=defaults)
 
     row, created = run_statement(alias, create)
     if not created:

@@ -27,6 +27,8 @@ class JobNameField(models.CharField):  # type: ignore[type-arg]
 
 
 class LockState(models.TextChoices):
+    """A lock's state on the database's clock, as ``JobLockQuerySet.with_state()`` computes it."""
+
     HELD = "held", _("held")
     COOLDOWN = "cooldown", _("released, kept for min_hold")
     STALE = "stale", _("expired, not released")
@@ -149,6 +151,8 @@ class JobLock(models.Model):
 
 
 class RunStatus(models.TextChoices):
+    """How a run ended (``running`` while it goes on, or when its server died)."""
+
     RUNNING = "running", _("running")
     SUCCEEDED = "succeeded", _("succeeded")
     FAILED = "failed", _("failed")
@@ -162,16 +166,22 @@ class RunStatus(models.TextChoices):
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
+    """Queries over run history, named by intent."""
+
     def running(self) -> JobRunQuerySet:
+        """Runs not yet ended (or whose server died before the next holder noticed)."""
         return self.filter(status=RunStatus.RUNNING)
 
     def finished(self) -> JobRunQuerySet:
+        """Runs that ended, however they ended."""
         return self.exclude(status=RunStatus.RUNNING)
 
     def succeeded(self) -> JobRunQuerySet:
+        """Runs whose job returned (or whose child program exited 0)."""
         return self.filter(status=RunStatus.SUCCEEDED)
 
     def failed(self) -> JobRunQuerySet:
+        """Runs whose job raised (or whose child program exited non-zero)."""
         return self.filter(status=RunStatus.FAILED)
 
     def median_duration(self, name: str, *, sample: int = 20) -> float | None:
@@ -255,6 +265,7 @@ class JobRun(models.Model):
 
     @property
     def owner(self) -> str:
+        """Who made the run: ``host:pid:instance`` (the same form as the lock's holder)."""
         if not self.instance:
             return ""
         return f"{self.host}:{self.pid}:{self.instance[:8]}"

@@ -16,6 +16,8 @@ from .schedules import Schedule
 
 @dataclass(frozen=True)
 class Job:
+    """A job registered by ``@exclusive_job``: its function and how it is run."""
+
     name: str
     func: Callable[..., Any]
     ttl: DurationLike | None = None

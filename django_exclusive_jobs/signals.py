@@ -17,7 +17,8 @@ job_started = Signal()
 
 # A job did not run because another holder has its lock.
 # Arguments: sender (job name), name (str), holder (str: host:pid:instance),
-# expires_at (datetime | None: when the holder's lease ends, on database time).
+# expires_at (datetime | None: when the holder's lease ends, on database time), and
+# slot (datetime) when the skip is because that scheduled slot already has a run.
 job_skipped = Signal()
 
 # A job that started has ended.

@@ -60,6 +60,11 @@ CHECK_CASES = [
     pytest.param({"MIN_HOLD": -1}, "django_exclusive_jobs.E004", id="negative-hold"),
     pytest.param({"DATABASE": "nope"}, "django_exclusive_jobs.E005", id="unknown-alias"),
     pytest.param({"KEEPALIVE": "yes"}, "django_exclusive_jobs.E006", id="keepalive-not-bool"),
+    pytest.param({"SLOT_TOLERANCE": -5}, "django_exclusive_jobs.E007", id="negative-tolerance"),
+    pytest.param({"SLOT_TOLERANCE": "later"}, "django_exclusive_jobs.E003", id="bad-tolerance"),
+    pytest.param({"KEEP_RUNS": 0}, "django_exclusive_jobs.E007", id="zero-keep-runs"),
+    pytest.param({"SUSPECT_FACTOR": 1}, "django_exclusive_jobs.E008", id="factor-one"),
+    pytest.param({"SUSPECT_FACTOR": "3"}, "django_exclusive_jobs.E008", id="factor-string"),
 ]
 
 
