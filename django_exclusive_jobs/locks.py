@@ -21,7 +21,7 @@ import time
 import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -175,6 +175,8 @@ def check_outside_transaction(alias: str) -> None:
 # --- running statements ---------------------------------------------------------------
 
 _MYSQL_RETRYABLE = {1205, 1213}  # lock wait timeout, deadlock
+# Can't connect, server gone away, lost connection during query, out of sync.
+_MYSQL_DROPPED = {2002, 2003, 2006, 2013, 2055}
 RECONNECT_DELAYS = (0.2, 0.5, 1.0)
 
 
@@ -185,6 +187,24 @@ def _is_busy(exc: BaseException) -> bool:
         return True
     args: tuple[Any, ...] = getattr(cause, "args", ())
     return len(args) > 0 and args[0] in _MYSQL_RETRYABLE
+
+
+def _connection_dropped(alias: str, exc: BaseException) -> bool:
+    """Whether ``exc`` means the connection is gone (not a deadlock, timeout, bad SQL)."""
+    if isinstance(exc, InterfaceError):
+        return True
+    connection = connections[alias]
+    raw = connection.connection
+    if raw is None:  # it could not even connect
+        return True
+    if connection.vendor == "postgresql":
+        return bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
+    if connection.vendor == "mysql":
+        if not getattr(raw, "open", True):
+            return True
+        args: tuple[Any, ...] = getattr(exc.__cause__ or exc, "args", ())
+        return len(args) > 0 and args[0] in _MYSQL_DROPPED
+    return False  # SQLite is a file: there is no connection to lose
 
 
 def _one_line(exc: BaseException) -> str:
@@ -225,8 +245,13 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
                 delay = min(delay * 2, 0.25)
                 continue
             connection = connections[alias]
-            connection.close_if_unusable_or_obsolete()
-            if connection.connection is None and reconnects and not connection.in_atomic_block:
+            dropped = _connection_dropped(alias, exc)
+            if dropped:
+                with suppress(DatabaseError):
+                    connection.close()
+            else:
+                connection.close_if_unusable_or_obsolete()
+            if dropped and reconnects and not connection.in_atomic_block:
                 # A dropped connection (server restart, network blip): try again on a
                 # fresh one a few times before calling the database unreachable.
                 pause = reconnects.pop(0)
@@ -569,9 +594,9 @@ class Lock:
                 self.expires_at = expires_at
                 self._deadline = started + self.ttl.total_seconds()
         if not renewed_in_time:
-            # The keep-alive's watchdog gave up while this renewal was on its way and
-            # the job was told to stop: hand the lease back rather than sit on it.
-            self._give_back()
+            # The watchdog gave up while this renewal was on its way and the job was
+            # told to stop. The lease it extended keeps other servers out until the job
+            # has stopped and release() hands it back.
             raise LockLost(self.name, self.token, self.lost_reason or "lost")
 
     def release(self) -> bool:
@@ -585,17 +610,22 @@ class Lock:
             was_held = self._state == _HELD
             self._state = _RELEASED
             return was_held
+        registry = _held_here()
+        if registry.get((self.using, self.name)) is self:
+            del registry[(self.using, self.name)]
         if self._state != _HELD:
             logger.warning(
-                "release of %s token=%s ignored: this holder no longer has it (%s)",
+                "release of %s token=%s: this holder no longer has it (%s)",
                 self.name,
                 self.token,
                 self.lost_reason or self._state,
             )
+            if self._state == _LOST:
+                # The job has stopped now. If the database still shows this token's
+                # lease (a renewal landed late, or nobody took over), free it; the
+                # token in the WHERE clause never frees another holder's lock.
+                self._give_back()
             return False
-        registry = _held_here()
-        if registry.get((self.using, self.name)) is self:
-            del registry[(self.using, self.name)]
 
         compiled = _compile_update(
             self.using,
@@ -604,12 +634,18 @@ class Lock:
             [],
         )
 
+        tries = 0
+
         def do_release() -> int:
+            nonlocal tries
+            tries += 1
             if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
                 return self._mine().update(**_release_values(self.min_hold))
             return _run_update(self.using, compiled, name=self.name, token=self.token)[0]
 
         changed = run_statement(self.using, do_release)
+        if not changed and tries > 1 and self._released_row_exists():
+            changed = 1  # the first try committed before the connection dropped
         with self._mutex:
             if changed:
                 self._state = _RELEASED
@@ -619,6 +655,18 @@ class Lock:
             return False
         logger.debug("released %s token=%s", self.name, self.token)
         return True
+
+    def _released_row_exists(self) -> bool:
+        from .models import JobLock
+
+        return run_statement(
+            self.using,
+            lambda: (
+                JobLock.objects.using(self.using)
+                .filter(name=self.name, token=self.token, released_at__isnull=False)
+                .exists()
+            ),
+        )
 
     def _give_back(self) -> None:
         """Free this token's row after the lock was marked lost; errors only logged."""
@@ -720,8 +768,39 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         or_holder=True,
     )
 
+    tries = 0
+
+    def own_lock() -> Lock | None:
+        """After a retried statement: our acquisition, if the first try committed."""
+        found = run_statement(
+            alias,
+            lambda: (
+                rows()
+                .filter(_lease_open(), name=name, instance=identity.instance, thread=thread)
+                .filter(released_at__isnull=True)
+                .values_list("token", "acquired_at", "expires_at")
+                .first()
+            ),
+        )
+        if found is None:
+            return None
+        logger.info("%s: the retried statement had taken the lock already", name)
+        token, acquired_at, expires_at = found
+        return Lock(
+            name=name,
+            using=alias,
+            ttl=ttl,
+            min_hold=min_hold,
+            token=token,
+            acquired_at=acquired_at,
+            expires_at=expires_at,
+            started=started,
+        )
+
     def decide() -> tuple[bool, tuple[Any, ...]] | None:
         """(won, row) after one conditional UPDATE; None when the name has no row yet."""
+        nonlocal tries
+        tries += 1
         if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
             count = rows().filter(_lease_over(), name=name).update(**take_values(thread))
         else:
@@ -745,6 +824,8 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     decision = run_statement(alias, decide)
     if decision is not None:
         won, found = decision
+        if not won and tries > 1 and (adopted := own_lock()) is not None:
+            return adopted
         if not won:
             host, pid, instance, expires_at = found
             return JobLock(name=name, host=host, pid=pid, instance=instance, expires_at=expires_at)
@@ -760,7 +841,11 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             started=started,
         )
 
+    tries = 0
+
     def create() -> tuple[JobLock, bool]:
+        nonlocal tries
+        tries += 1
         defaults = _holder_values(ttl)
         defaults["token"] = _first_token(alias, name)
         try:
@@ -772,9 +857,11 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             return rows().get_or_create(name=name, defaults=defaults)
 
     row, created = run_statement(alias, create)
+    if not created and tries > 1 and (adopted := own_lock()) is not None:
+        return adopted
     if not created:
         return row
-    row.refresh_from_db(fields=["acquired_at", "expires_at"])
+    run_statement(alias, lambda: row.refresh_from_db(fields=["acquired_at", "expires_at"]))
     return Lock(
         name=name,
         using=alias,

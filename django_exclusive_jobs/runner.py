@@ -168,7 +168,16 @@ class JobRunner:
         result.duration = time.monotonic() - self._started
         lock.stop_keepalive()
         signals.lock_lost.disconnect(self._lost_receiver, sender=Lock)
-        lock.release()
+        try:
+            lock.release()
+        except JobLockError as exc:
+            logger.error(
+                "could not release %s token=%s (its lease ends by itself within %s): %s",
+                self.name,
+                lock.token,
+                lock.ttl,
+                exc,
+            )
         # Checked after release(): that is where a lock cleared mid-run is found out.
         if lock.lost and result.outcome != Outcome.INTERRUPTED:
             result.outcome = Outcome.LOST
@@ -245,6 +254,9 @@ class JobRunner:
         except IntegrityError:
             pass
         existing = runs.filter(name=self.name, slot=self.slot).first()
+        if existing is not None and self._is_mine(existing, lock):
+            self.run_id = existing.pk  # a retried insert whose first try committed
+            return None
         retryable = RunStatus.unsuccessful()
         if existing is not None and self.retry_failed and existing.status in retryable:
             retried = run_statement(
@@ -263,6 +275,9 @@ class JobRunner:
                 self.run_id = existing.pk
                 return None
             existing.refresh_from_db()
+            if self._is_mine(existing, lock):  # a retried update whose first try committed
+                self.run_id = existing.pk
+                return None
         slot_text = self.slot.isoformat() if self.slot else "?"
         owner = existing.owner if existing is not None else "?"
         status = existing.status if existing is not None else "?"
@@ -271,6 +286,17 @@ class JobRunner:
             sender=self.name, name=self.name, holder=owner, expires_at=None, slot=self.slot
         )
         return RunResult(self.name, Outcome.SKIPPED, holder=owner)
+
+    @staticmethod
+    def _is_mine(run: Any, lock: Lock) -> bool:
+        """A running row with our token: only our own run can have it."""
+        from .models import RunStatus
+
+        return bool(
+            run.token == lock.token
+            and run.instance == identity.instance
+            and run.status == RunStatus.RUNNING
+        )
 
     def _close_abandoned_runs(self, lock: Lock) -> None:
         """Mark this job's runs still 'running' under an older token as lost.
@@ -326,7 +352,11 @@ class JobRunner:
         try:
             run_statement(
                 lock.using,
-                lambda: JobRun.objects.using(lock.using).filter(pk=run_id).update(**values),
+                lambda: (
+                    JobRun.objects.using(lock.using)
+                    .filter(pk=run_id, token=lock.token)
+                    .update(**values)
+                ),
             )
         except JobLockError:
             logger.exception("could not record the end of run %s of %s", self.run_id, self.name)

@@ -316,9 +316,10 @@ def test_watchdog_gives_up_a_lock_whose_renewals_never_come_back(alias: str) -> 
     assert not keepalive.is_alive()
 
 
-def test_renewal_that_lands_after_the_lock_was_given_up_hands_the_lease_back(
+def test_renewal_that_lands_after_the_lock_was_given_up_keeps_others_out_until_release(
     alias: str,
 ) -> None:
+    """The job was told to stop; until it has (release), nobody else may start."""
     lock = try_acquire("late", using=alias, ttl=60)
     assert lock is not None
 
@@ -332,9 +333,11 @@ def test_renewal_that_lands_after_the_lock_was_given_up_hands_the_lease_back(
     ):
         lock.renew()
     saved = row(alias, "late")
-    assert saved.token == lock.token
-    assert saved.released_at is not None  # handed back, not left held for 60 s
+    assert (saved.token, saved.released_at) == (lock.token, None)
     with other_holder(alias) as other:
+        assert other.try_acquire("late", ttl=30) is None  # the late lease still holds
+        assert lock.release() is False  # the job has stopped: a lost lock's release...
+        assert row(alias, "late").released_at is not None  # ...hands the lease back
         assert other.try_acquire("late", ttl=30) == lock.token + 1
 
 
