@@ -208,6 +208,15 @@ def prepare_tables(config: dict[str, Any]) -> None:
     floor.connection.close()
 
 
+def create_lock_row(name: str) -> None:
+    """Make the lock's row exist, free, as a first run would have left it."""
+    from django_exclusive_jobs import try_acquire
+
+    lock = try_acquire(name, ttl=60)
+    assert lock is not None
+    lock.release()
+
+
 def reset(config: dict[str, Any], names: list[str]) -> None:
     from django_exclusive_jobs.models import JobLock, JobRun
 
@@ -282,6 +291,12 @@ def contender(
         tool = Floor(config, f"w{worker}")
     elif kind == "naive":
         tool = Naive(config, f"w{worker}")
+    else:
+        # Like the floor's connection, opened before the clock starts: our connection,
+        # and the statements the ORM compiles once per process (on another name).
+        warm = try_acquire(f"warm-up-{worker}", ttl=60, using=alias_of(kind))
+        assert warm is not None
+        warm.release()
     timings: list[float] = []
     wins: list[int] = []
     try:
@@ -312,6 +327,7 @@ def contender(
 
 def contended(config: dict[str, Any], kind: str, processes: int, rounds: int) -> dict[str, Any]:
     reset(config, ["contended"])
+    create_lock_row("contended")  # the floor's row is seeded by reset() too
     barrier = SPAWN.Barrier(processes)
     out = SPAWN.Queue()
     workers = [
@@ -344,6 +360,7 @@ def trigger_worker(
     triggers: int,
     interval: float,
     ready: Any,
+    go: Any,
     start_at: Any,
     out: Any,
     worker: int,
@@ -368,6 +385,7 @@ def trigger_worker(
 
     try:
         ready.wait(300)
+        go.wait(300)
         first = start_at.value
         for number in range(triggers):
             moment = first + number * interval + rng.uniform(0, 0.3)
@@ -393,16 +411,25 @@ def trigger_worker(
         connections.close_all()
 
 
-def doubled(config: dict[str, Any], kind: str, processes: int, triggers: int) -> int:
+def doubled(config: dict[str, Any], kind: str, processes: int, triggers: int) -> tuple[int, int]:
+    """Triggers run more than once, and triggers not run at all.
+
+    For ``ours-slots`` a run is counted for the slot it served (its JobRun row): a start
+    held up past the slot tolerance serves the next slot, which then shows as a run of
+    that trigger, not of the one whose start was late.
+    """
+    from django_exclusive_jobs.models import JobRun
+
     reset(config, ["trigger"])
     interval = 1.0
     ready = SPAWN.Barrier(processes + 1)
+    go = SPAWN.Barrier(processes + 1)
     start_at = SPAWN.Value("d", 0.0)
     out = SPAWN.Queue()
     workers = [
         SPAWN.Process(
             target=trigger_worker,
-            args=(config, kind, triggers, interval, ready, start_at, out, n),
+            args=(config, kind, triggers, interval, ready, go, start_at, out, n),
         )
         for n in range(processes)
     ]
@@ -410,8 +437,9 @@ def doubled(config: dict[str, Any], kind: str, processes: int, triggers: int) ->
         worker.start()
     ran: Counter[int] = Counter()
     try:
-        ready.wait(300)
-        start_at.value = (int(time.time()) + 2) // 1 * 1.0
+        ready.wait(300)  # every worker is set up
+        start_at.value = float(int(time.time()) + 2)
+        go.wait(300)  # only now may they read the start
         for _ in workers:
             got, error = out.get(timeout=triggers * interval + 300)
             if error:
@@ -422,7 +450,13 @@ def doubled(config: dict[str, Any], kind: str, processes: int, triggers: int) ->
             worker.join(30)
             if worker.is_alive():
                 worker.kill()
-    return sum(1 for number in range(triggers) if ran[number] > 1)
+    if kind == "ours-slots":
+        first = start_at.value
+        slots = JobRun.objects.filter(name="trigger-slot").values_list("slot", flat=True)
+        ran = Counter(round((slot.timestamp() - first) / interval) for slot in slots)
+    doubled_triggers = sum(1 for number in range(triggers) if ran[number] > 1)
+    missed = sum(1 for number in range(triggers) if ran[number] == 0)
+    return doubled_triggers, missed
 
 
 def fill_large_tables(config: dict[str, Any], names: int, runs: int) -> None:
@@ -450,7 +484,12 @@ def fill_large_tables(config: dict[str, Any], names: int, runs: int) -> None:
             return
         recursive = "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < %s)"
         if engine.endswith("mysql"):
-            cursor.execute("SET SESSION cte_max_recursion_depth = 2000000")
+            variable = (
+                "max_recursive_iterations"
+                if connection.mysql_is_mariadb  # type: ignore[attr-defined]
+                else "cte_max_recursion_depth"
+            )
+            cursor.execute(f"SET SESSION {variable} = 2000000")
             concat = "CONCAT('job-', n)"
             concat_mod = "CONCAT('job-', n %% %s)"
             now, earlier = "UTC_TIMESTAMP(6)", "UTC_TIMESTAMP(6) - INTERVAL n SECOND"
@@ -593,10 +632,14 @@ def main() -> None:
                 f" {row['bad_rounds']} of {rounds} |"
             )
 
-    print(f"\n| doubled triggers (10 processes, {args.triggers} triggers, 2 ms job) | doubled |")
-    print("|---|---|")
+    print(
+        f"\n| doubled triggers (10 processes, {args.triggers} triggers, 2 ms job) "
+        "| run twice or more | not run |"
+    )
+    print("|---|---|---|")
     for kind in ("naive", "floor", "ours-lock", "ours-slots"):
-        print(f"| {kind} | {doubled(config, kind, 10, args.triggers)} of {args.triggers} |")
+        twice, missed = doubled(config, kind, 10, args.triggers)
+        print(f"| {kind} | {twice} of {args.triggers} | {missed} of {args.triggers} |")
 
     if not args.quick:
         print("\n| acquire+run+release with history | p50 µs | p99 µs | mean µs | vs empty |")
