@@ -105,6 +105,7 @@ def exclusive_job(
                     return _after_skip(job, started)
                 result = RunResult(job.name, Outcome.SUCCEEDED, token=started.token)
                 try:
+                    runner.ensure_lease_left(started)
                     result.value = await func(*args, **kwargs)
                 except BaseException as exc:
                     runner.record(result, exc)

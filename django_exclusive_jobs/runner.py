@@ -199,6 +199,7 @@ class JobRunner:
             self.in_job = True
             if self.pending_signal is not None:  # arrived while taking the lock
                 raise Interrupted(self.pending_signal)
+            self.ensure_lease_left(started)
             result.value = target(started)
         except BaseException as exc:
             self.record(result, exc)
@@ -214,6 +215,16 @@ class JobRunner:
             # but the process was still asked to stop.
             result.outcome, result.signum = Outcome.INTERRUPTED, self.pending_signal
         return result
+
+    @staticmethod
+    def ensure_lease_left(lock: Lock) -> None:
+        """Refuse to start the job if setting up the run outlasted the lease.
+
+        Writing the run row may have waited on a slow or reconnecting database; by then
+        another server may hold the lock, so the job must not start.
+        """
+        if not lock.held:
+            raise LockLost(lock.name, lock.token, "the lease ran out before the job started")
 
     def on_signal(self, signum: int) -> None:
         """SIGTERM/SIGINT: stop the job if it is running, else finish the lock work first.

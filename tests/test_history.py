@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 from django.core.management import call_command
 
-from django_exclusive_jobs import exclusive_job, release_lock, try_acquire
+from django_exclusive_jobs import LockLost, exclusive_job, release_lock, try_acquire
 from django_exclusive_jobs.dbtime import now_plus
 from django_exclusive_jobs.history import prune_runs
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
@@ -127,6 +127,33 @@ def test_run_whose_lock_was_cleared_mid_run_is_recorded_lost_and_can_be_retried(
     assert len(calls) == 2
     run.refresh_from_db()
     assert (run.status, run.attempts) == (RunStatus.SUCCEEDED, 2)
+
+
+def test_job_whose_set_up_outlasted_its_lease_does_not_start(alias: str) -> None:
+    """Writing the run row stalled past the lease: another server may hold it by now."""
+    import time
+
+    from django.db import connections
+
+    calls: list[int] = []
+
+    @exclusive_job("hist-slow-start", using=alias, ttl=0.5)
+    def job() -> None:
+        calls.append(1)
+
+    def stall_run_row(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().upper().startswith("INSERT") and "JOBRUN" in sql.upper():
+            time.sleep(0.7)
+        return execute(sql, params, many, context)
+
+    with (
+        connections[alias].execute_wrapper(stall_run_row),
+        pytest.raises(LockLost, match="the lease ran out before the job started"),
+    ):
+        job()
+    assert calls == []
+    run = JobRun.objects.using(alias).get(name="hist-slow-start")
+    assert (run.status, run.error_type) == (RunStatus.LOST, "LockLost")
 
 
 def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:
