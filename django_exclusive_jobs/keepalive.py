@@ -76,8 +76,8 @@ class KeepAlive(threading.Thread):
 
     def _give_up(self, now: float) -> bool:
         return self.lock._mark_lost(
-            "no renewal got through before the lease ran out (the database did not answer, "
-            "or this process was paused)",
+            "could not renew before the lease ran out: no renewal got through (the "
+            "database did not answer, or this process was paused)",
             unless_renewed_by=now + self.margin,
         )
 

@@ -809,6 +809,19 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
 
     thread = threading.get_native_id()
 
+    def ours(token: int, acquired_at: Any, expires_at: Any) -> Lock:
+        """The Lock for an acquisition this call made."""
+        return Lock(
+            name=name,
+            using=alias,
+            ttl=ttl,
+            min_hold=min_hold,
+            token=token,
+            acquired_at=acquired_at,
+            expires_at=expires_at,
+            started=started,
+        )
+
     def take_values(thread_value: Any) -> dict[str, Any]:
         values = _holder_values(ttl)
         values["thread"] = thread_value
@@ -840,17 +853,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         if found is None:
             return None
         logger.info("%s: the retried statement had taken the lock already", name)
-        token, acquired_at, expires_at = found
-        return Lock(
-            name=name,
-            using=alias,
-            ttl=ttl,
-            min_hold=min_hold,
-            token=token,
-            acquired_at=acquired_at,
-            expires_at=expires_at,
-            started=started,
-        )
+        return ours(*found)
 
     def decide() -> tuple[bool, tuple[Any, ...]] | None:
         """(won, row) after one conditional UPDATE; None when the name has no row yet."""
@@ -897,17 +900,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         if not won:
             host, pid, instance, expires_at = found
             return JobLock(name=name, host=host, pid=pid, instance=instance, expires_at=expires_at)
-        token, acquired_at, expires_at = found
-        return Lock(
-            name=name,
-            using=alias,
-            ttl=ttl,
-            min_hold=min_hold,
-            token=token,
-            acquired_at=acquired_at,
-            expires_at=expires_at,
-            started=started,
-        )
+        return ours(*found)
 
     tries = 0
 
@@ -930,16 +923,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     if not created:
         return row
     run_statement(alias, lambda: row.refresh_from_db(fields=["acquired_at", "expires_at"]))
-    return Lock(
-        name=name,
-        using=alias,
-        ttl=ttl,
-        min_hold=min_hold,
-        token=row.token,
-        acquired_at=row.acquired_at,
-        expires_at=row.expires_at,
-        started=started,
-    )
+    return ours(row.token, row.acquired_at, row.expires_at)
 
 
 def _first_token(alias: str, name: str) -> int:

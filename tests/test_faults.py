@@ -388,7 +388,7 @@ def test_paused_holder_learns_it_lost_at_next_renewal_and_fencing_refuses_its_to
         # passed) or the renewal (the database shows the takeover).
         assert f"lock lost: paused token={first.token} " in err
         assert (
-            "no renewal got through before the lease ran out" in err
+            "could not renew before the lease ran out: no renewal got through" in err
             or "the lease ran out or the lock was cleared or taken over" in err
         ), err
         assert "outcome=lost" in err
