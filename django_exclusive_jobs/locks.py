@@ -182,11 +182,15 @@ RECONNECT_DELAYS = (0.2, 0.5, 1.0)
 
 def _is_busy(exc: BaseException) -> bool:
     """A contention error the statement can simply be retried after."""
-    cause = exc.__cause__ or exc
     if "database is locked" in str(exc) or "database table is locked" in str(exc):
         return True
-    args: tuple[Any, ...] = getattr(cause, "args", ())
-    return len(args) > 0 and args[0] in _MYSQL_RETRYABLE
+    return _error_code(exc) in _MYSQL_RETRYABLE
+
+
+def _error_code(exc: BaseException) -> Any:
+    """The driver's error number (MySQL's come first in the exception's args), if any."""
+    args: tuple[Any, ...] = getattr(exc.__cause__ or exc, "args", ())
+    return args[0] if args else None
 
 
 def _connection_dropped(alias: str, exc: BaseException) -> bool:
@@ -200,10 +204,7 @@ def _connection_dropped(alias: str, exc: BaseException) -> bool:
     if connection.vendor == "postgresql":
         return bool(getattr(raw, "closed", False) or getattr(raw, "broken", False))
     if connection.vendor == "mysql":
-        if not getattr(raw, "open", True):
-            return True
-        args: tuple[Any, ...] = getattr(exc.__cause__ or exc, "args", ())
-        return len(args) > 0 and args[0] in _MYSQL_DROPPED
+        return not getattr(raw, "open", True) or _error_code(exc) in _MYSQL_DROPPED
     return False  # SQLite is a file: there is no connection to lose
 
 
@@ -236,14 +237,14 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
         try:
             return operation()
         except (OperationalError, InterfaceError) as exc:
-            busy = _is_busy(exc)
-            if busy and deadline is None:
-                bound = parse_duration(app_settings.SQLITE_BUSY_TIMEOUT).total_seconds()
-                deadline = time.monotonic() + bound
-            if busy and deadline is not None and time.monotonic() + delay < deadline:
-                time.sleep(delay * random.uniform(0.5, 1.5))
-                delay = min(delay * 2, 0.25)
-                continue
+            if _is_busy(exc):
+                if deadline is None:
+                    bound = parse_duration(app_settings.SQLITE_BUSY_TIMEOUT).total_seconds()
+                    deadline = time.monotonic() + bound
+                if time.monotonic() + delay < deadline:
+                    time.sleep(delay * random.uniform(0.5, 1.5))
+                    delay = min(delay * 2, 0.25)
+                    continue
             connection = connections[alias]
             dropped = _connection_dropped(alias, exc)
             if dropped:
@@ -360,15 +361,10 @@ def _compile_update(
                 f"WHERE {qn('name')} = %s AND NOT EXISTS (SELECT 1 FROM taken)"
             )
             name_again = True
-    slots: dict[Any, int] = {}
-    usable = True
-    for placeholder in _SLOT_NAMES:
-        hits = [i for i, param in enumerate(params) if _same(param, placeholder)]
-        if len(hits) > 1:
-            usable = False
-        elif hits:
-            slots[placeholder] = hits[0]
-    compiled = _Compiled(sql, tuple(params), slots, wants_rows, name_again) if usable else None
+    slots = _placeholder_slots(params)
+    compiled = None
+    if slots is not None:
+        compiled = _Compiled(sql, tuple(params), slots, wants_rows, name_again)
     if len(_compiled) > 1024:
         _compiled.clear()
     _compiled[cache_key] = compiled
@@ -404,18 +400,14 @@ def _select_one(
         sql, params = compiler.as_sql()
         fields = [column[0] for column in compiler.select[: compiler.col_count]]
         converters = compiler.get_converters(fields)
-        slots: dict[Any, int] = {}
-        usable = True
-        for placeholder in _SLOT_NAMES:
-            hits = [i for i, param in enumerate(params) if _same(param, placeholder)]
-            usable = usable and len(hits) <= 1
-            if hits:
-                slots[placeholder] = hits[0]
-        usable = usable and _NAME in slots  # the name must be bound, never the placeholder
-        query = _Compiled(sql, tuple(params), slots, returning=True)
+        slots = _placeholder_slots(params)
+        selected = None
+        if slots is not None:
+            query = _Compiled(sql, tuple(params), slots, returning=True)
+            selected = _CompiledSelect(query, converters)
         if len(_compiled_selects) > 1024:
             _compiled_selects.clear()
-        _compiled_selects[cache_key] = _CompiledSelect(query, converters) if usable else None
+        _compiled_selects[cache_key] = selected
     compiled = _compiled_selects[cache_key]
     if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
         found: tuple[Any, ...] | None = build().first()
@@ -428,6 +420,22 @@ def _select_one(
         for function in functions:
             row[position] = function(row[position], expression, connection)
     return tuple(row)
+
+
+def _placeholder_slots(params: Any) -> dict[Any, int] | None:
+    """Where each placeholder sits in a compiled statement's parameters.
+
+    None when the statement cannot be reused by binding: a placeholder appears twice, or
+    the name does not appear as itself (it must be bound, never sent as the placeholder).
+    """
+    slots: dict[Any, int] = {}
+    for placeholder in _SLOT_NAMES:
+        hits = [i for i, param in enumerate(params) if _same(param, placeholder)]
+        if len(hits) > 1:
+            return None
+        if hits:
+            slots[placeholder] = hits[0]
+    return slots if _NAME in slots else None
 
 
 def _same(param: Any, placeholder: Any) -> bool:
