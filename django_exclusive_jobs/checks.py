@@ -121,11 +121,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="django_exclusive_jobs.W001",
             )
         )
-    if not isinstance(merged["KEEPALIVE"], bool):
-        errors.append(
-            Error(
-                f"{SETTING}['KEEPALIVE'] must be True or False.",
-                id="django_exclusive_jobs.E006",
+    for key in ("KEEPALIVE", "PREPARE_STATEMENTS"):
+        if not isinstance(merged[key], bool):
+            errors.append(
+                Error(
+                    f"{SETTING}[{key!r}] must be True or False.",
+                    id="django_exclusive_jobs.E006",
+                )
             )
-        )
     return errors

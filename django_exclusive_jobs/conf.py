@@ -27,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
     # How long to keep retrying when SQLite says "database is locked" (and a MariaDB or
     # MySQL statement picked as a deadlock victim or timed out waiting for a row lock).
     "SQLITE_BUSY_TIMEOUT": dt.timedelta(seconds=30),
+    # PostgreSQL: make the lock's statements prepared statements once a connection has
+    # run them a few times, so the server stops planning them on every call.
+    "PREPARE_STATEMENTS": True,
 }
 
 

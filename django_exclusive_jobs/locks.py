@@ -34,9 +34,8 @@ from django.db import (
     router,
     transaction,
 )
-from django.db.models import F, Field, Q
+from django.db.models import F, Q
 from django.db.models.functions import Greatest
-from django.db.models.sql import UpdateQuery
 
 from . import signals
 from .conf import app_settings
@@ -49,6 +48,7 @@ from .exceptions import (
     LockHeld,
     LockLost,
 )
+from .statements import NAME, THREAD, TOKEN, compile_select, compile_update, run_compiled
 
 if TYPE_CHECKING:
     from .models import JobLock, JobLockQuerySet
@@ -283,193 +283,6 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
             raise
 
 
-def _column(model: type[JobLock], field_name: str) -> str:
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, Field)
-    return str(field.column)
-
-
-# Placeholders the ORM compiles into a statement once; each call binds real values.
-_NAME = "\x00exclusive-jobs-name\x00"
-_TOKEN = -7_770_000_000_001
-_THREAD = -7_770_000_000_002
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    """An UPDATE built by the ORM once, with the positions of its varying parameters."""
-
-    sql: str
-    params: tuple[Any, ...]
-    slots: dict[Any, int]
-    returning: bool
-    name_again: bool = False  # the name is bound once more at the end
-
-    def bind(self, **values: Any) -> list[Any]:
-        params = list(self.params)
-        for placeholder, index in self.slots.items():
-            # Keep the driver's own wrapper type (psycopg's Int8 for a bigint, say).
-            params[index] = type(params[index])(values[_SLOT_NAMES[placeholder]])
-        if self.name_again:
-            params.append(values["name"])
-        return params
-
-
-_SLOT_NAMES = {_NAME: "name", _TOKEN: "token", _THREAD: "thread"}
-_compiled: dict[tuple[Any, ...], _Compiled | None] = {}
-
-
-def _compile_update(
-    alias: str,
-    key: tuple[Any, ...],
-    build: Callable[[], tuple[JobLockQuerySet, dict[str, Any]]],
-    returning: list[str],
-    *,
-    or_holder: bool = False,
-) -> _Compiled | None:
-    """Compile ``queryset.update(**values)`` once per shape; None if it cannot be reused.
-
-    With ``or_holder`` (PostgreSQL), the statement also returns the current holder's row
-    when the UPDATE changed nothing, so a lost race is decided in one round trip.
-
-    Building an UPDATE through the ORM costs far more CPU than the statement itself
-    takes in the database; with ten servers on two cores that CPU is what they queue
-    for. The SQL still comes from the ORM (DatabaseNow, quoting, interval arithmetic).
-    """
-    connection = connections[alias]
-    cache_key = (alias, connection.vendor, *key)
-    if cache_key in _compiled:
-        return _compiled[cache_key]
-    queryset, values = build()
-    query = queryset.query.chain(UpdateQuery)
-    assert isinstance(query, UpdateQuery)
-    query.add_update_values(values)
-    sql, params = query.get_compiler(alias).as_sql()
-    wants_rows = bool(returning) and connection.vendor == "postgresql"
-    name_again = False
-    if wants_rows:
-        qn = connection.ops.quote_name
-        columns = ", ".join(qn(_column(queryset.model, name)) for name in returning)
-        sql = f"{sql} RETURNING {columns}"
-        if or_holder:
-            table = qn(queryset.model._meta.db_table)
-            holder = ", ".join(qn(name) for name in ("host", "pid", "instance"))
-            sql = (
-                f"WITH taken AS ({sql}) "
-                f"SELECT true, {columns}, NULL, NULL, NULL FROM taken UNION ALL "
-                f"SELECT false, {columns}, {holder} FROM {table} "
-                f"WHERE {qn('name')} = %s AND NOT EXISTS (SELECT 1 FROM taken)"
-            )
-            name_again = True
-    slots = _placeholder_slots(params)
-    compiled = None
-    if slots is not None:
-        compiled = _Compiled(sql, tuple(params), slots, wants_rows, name_again)
-    if len(_compiled) > 1024:
-        _compiled.clear()
-    _compiled[cache_key] = compiled
-    return compiled
-
-
-@dataclass(frozen=True)
-class _CompiledSelect:
-    """A one-row SELECT built by the ORM once, with the ORM's converters for its columns."""
-
-    query: _Compiled
-    converters: dict[int, tuple[list[Any], Any]]
-
-
-_compiled_selects: dict[tuple[Any, ...], _CompiledSelect | None] = {}
-
-
-def _select_one(
-    alias: str,
-    key: tuple[Any, ...],
-    build: Callable[[], Any],
-    **values: Any,
-) -> tuple[Any, ...] | None:
-    """First row of ``build()`` (a values_list queryset), compiled once per shape.
-
-    Building a query through the ORM costs more CPU than the indexed read it sends; on
-    MariaDB and SQLite every lock decision reads one row after its UPDATE.
-    """
-    connection = connections[alias]
-    cache_key = (alias, connection.vendor, *key)
-    if cache_key not in _compiled_selects:
-        compiler = build()[:1].query.get_compiler(alias)
-        sql, params = compiler.as_sql()
-        fields = [column[0] for column in compiler.select[: compiler.col_count]]
-        converters = compiler.get_converters(fields)
-        slots = _placeholder_slots(params)
-        selected = None
-        if slots is not None:
-            query = _Compiled(sql, tuple(params), slots, returning=True)
-            selected = _CompiledSelect(query, converters)
-        if len(_compiled_selects) > 1024:
-            _compiled_selects.clear()
-        _compiled_selects[cache_key] = selected
-    compiled = _compiled_selects[cache_key]
-    if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
-        found: tuple[Any, ...] | None = build().first()
-        return found
-    _, rows = _run_compiled(alias, compiled.query, **values)
-    if not rows:
-        return None
-    row = list(rows[0])
-    for position, (functions, expression) in compiled.converters.items():
-        for function in functions:
-            row[position] = function(row[position], expression, connection)
-    return tuple(row)
-
-
-def _placeholder_slots(params: Any) -> dict[Any, int] | None:
-    """Where each placeholder sits in a compiled statement's parameters.
-
-    None when the statement cannot be reused by binding: a placeholder appears twice, or
-    the name does not appear as itself (it must be bound, never sent as the placeholder).
-    """
-    slots: dict[Any, int] = {}
-    for placeholder in _SLOT_NAMES:
-        hits = [i for i, param in enumerate(params) if _same(param, placeholder)]
-        if len(hits) > 1:
-            return None
-        if hits:
-            slots[placeholder] = hits[0]
-    return slots if _NAME in slots else None
-
-
-def _same(param: Any, placeholder: Any) -> bool:
-    return isinstance(param, type(placeholder)) and param == placeholder
-
-
-def _run_compiled(
-    alias: str, compiled: _Compiled, **values: Any
-) -> tuple[int, list[tuple[Any, ...]]]:
-    """Execute a compiled statement; return its row count and any rows it returned.
-
-    It runs on the backend's own cursor (the one Django's cursor wraps; errors are still
-    translated into Django's), which saves a good part of what a lock costs beyond the
-    SQL. Whenever someone watches the connection (an ``execute_wrapper``, DEBUG's query
-    log), it goes through Django's cursor so they see the statement.
-    """
-    connection = connections[alias]
-    params = compiled.bind(**values)
-    if connection.execute_wrappers or connection.queries_logged:
-        with connection.cursor() as cursor:
-            cursor.execute(compiled.sql, params)
-            rows = list(cursor.fetchall()) if compiled.returning else []
-            return cursor.rowcount, rows
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        cursor = connection.create_cursor()
-        try:
-            cursor.execute(compiled.sql, params)
-            rows = list(cursor.fetchall()) if compiled.returning else []
-            return cursor.rowcount, rows
-        finally:
-            cursor.close()
-
-
 # --- the lock -------------------------------------------------------------------------
 
 _HELD = "held"
@@ -624,11 +437,11 @@ class Lock:
         if self._state != _HELD:
             raise LockLost(self.name, self.token, self.lost_reason or self._state)
         started = time.monotonic()
-        compiled = _compile_update(
+        compiled = compile_update(
             self.using,
             ("renew", self.ttl),
             lambda: (
-                _mine(self.using, _NAME, _TOKEN).filter(_lease_open()),
+                _mine(self.using, NAME, TOKEN).filter(_lease_open()),
                 {"expires_at": now_plus(self.ttl)},
             ),
             ["expires_at"],
@@ -640,7 +453,7 @@ class Lock:
                 if not queryset.update(expires_at=now_plus(self.ttl)):
                     return None
             else:
-                count, rows = _run_compiled(self.using, compiled, name=self.name, token=self.token)
+                count, rows = run_compiled(self.using, compiled, name=self.name, token=self.token)
                 if rows:
                     return rows[0][0]  # type: ignore[no-any-return]
                 if not count:
@@ -690,10 +503,10 @@ class Lock:
                 self._give_back()
             return False
 
-        compiled = _compile_update(
+        compiled = compile_update(
             self.using,
             ("release", self.min_hold),
-            lambda: (_mine(self.using, _NAME, _TOKEN), _release_values(self.min_hold)),
+            lambda: (_mine(self.using, NAME, TOKEN), _release_values(self.min_hold)),
             [],
         )
 
@@ -704,7 +517,7 @@ class Lock:
             tries += 1
             if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
                 return self._mine().update(**_release_values(self.min_hold))
-            return _run_compiled(self.using, compiled, name=self.name, token=self.token)[0]
+            return run_compiled(self.using, compiled, name=self.name, token=self.token)[0]
 
         changed = run_statement(self.using, do_release)
         if not changed and tries > 1 and self._released_row_exists():
@@ -806,8 +619,35 @@ def _holder_values(ttl: dt.timedelta) -> dict[str, Any]:
     }
 
 
-def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> Lock | JobLock:
-    """One decision: a Lock if we won, else the row of the current holder."""
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock we did not get (what :class:`LockHeld` reports)."""
+
+    name: str
+    owner: str
+    expires_at: dt.datetime | None
+
+    @classmethod
+    def of(cls, name: str, host: str, pid: int | None, instance: str, expires_at: Any) -> Holder:
+        # The same form as JobLock.owner.
+        return cls(name, f"{host}:{pid}:{instance[:8]}" if instance else "", expires_at)
+
+
+# What a take reads back where its UPDATE cannot return rows.
+_AFTER_TAKE = (
+    "token",
+    "acquired_at",
+    "expires_at",
+    "host",
+    "pid",
+    "instance",
+    "thread",
+    "released_at",
+)
+
+
+def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> Lock | Holder:
+    """One decision: a Lock if we won, else who holds it."""
     from .models import JobLock
 
     started = time.monotonic()
@@ -836,12 +676,18 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         values["token"] = F("token") + 1
         return values
 
-    compiled = _compile_update(
+    # The row as it stands after the take, where the UPDATE cannot return it: read in
+    # the same request on MariaDB/MySQL, by a second statement on SQLite.
+    def after_take() -> Any:
+        return rows().filter(name=NAME).values_list(*_AFTER_TAKE)
+
+    compiled = compile_update(
         alias,
         ("take", ttl, identity.instance),
-        lambda: (rows().filter(_lease_over(), name=_NAME), take_values(_THREAD)),
+        lambda: (rows().filter(_lease_over(), name=NAME), take_values(THREAD)),
         ["token", "acquired_at", "expires_at"],
         or_holder=True,
+        then_select=after_take,
     )
 
     tries = 0
@@ -863,52 +709,42 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         logger.info("%s: the retried statement had taken the lock already", name)
         return ours(*found)
 
-    def decide() -> tuple[bool, tuple[Any, ...]] | None:
-        """(won, row) after one conditional UPDATE; None when the name has no row yet."""
+    def decide() -> Lock | Holder | None:
+        """Ours, or the holder, after one conditional UPDATE; None when the name has no row."""
         nonlocal tries
         tries += 1
         if compiled is None:  # pragma: no cover - only if the ORM's SQL changes shape
             count = rows().filter(_lease_over(), name=name).update(**take_values(thread))
+            row = after_take().first()
         else:
-            count, returned = _run_compiled(alias, compiled, name=name, thread=thread)
-            if returned:  # PostgreSQL: ours, or the holder's row
+            count, returned = run_compiled(alias, compiled, name=name, thread=thread)
+            if compiled.returning and not compiled.then_select:
+                # PostgreSQL: our new row, or the holder's row, or nothing.
+                if not returned:
+                    return None
                 won, token, acquired_at, expires_at, host, pid, instance = returned[0]
                 if won:
-                    return True, (token, acquired_at, expires_at)
-                return False, (host, pid, instance, expires_at)
-            if compiled.returning:
-                return None
-        if count:
-            row = _select_one(
-                alias,
-                ("mine", identity.instance),
-                lambda: (
-                    rows()
-                    .filter(name=_NAME, instance=identity.instance, thread=_THREAD)
-                    .filter(released_at__isnull=True)
-                    .values_list("token", "acquired_at", "expires_at")
-                ),
-                name=name,
-                thread=thread,
-            )
-            return (True, row) if row is not None else None
-        held = _select_one(
-            alias,
-            ("holder",),
-            lambda: rows().filter(name=_NAME).values_list("host", "pid", "instance", "expires_at"),
-            name=name,
-        )
-        return (False, held) if held is not None else None
+                    return ours(token, acquired_at, expires_at)
+                return Holder.of(name, host, pid, instance, expires_at)
+            if compiled.then_select:
+                row = returned[0] if returned else None
+            else:
+                found = compile_select(alias, ("after-take",), after_take)
+                assert found is not None
+                returned = run_compiled(alias, found, name=name)[1]
+                row = returned[0] if returned else None
+        if row is None:
+            return None
+        token, acquired_at, expires_at, host, pid, instance, row_thread, released_at = row
+        if count and (instance, row_thread, released_at) == (identity.instance, thread, None):
+            return ours(token, acquired_at, expires_at)
+        return Holder.of(name, host, pid, instance, expires_at)
 
     decision = run_statement(alias, decide)
+    if isinstance(decision, Holder) and tries > 1 and (adopted := own_lock()) is not None:
+        return adopted
     if decision is not None:
-        won, found = decision
-        if not won and tries > 1 and (adopted := own_lock()) is not None:
-            return adopted
-        if not won:
-            host, pid, instance, expires_at = found
-            return JobLock(name=name, host=host, pid=pid, instance=instance, expires_at=expires_at)
-        return ours(*found)
+        return decision
 
     tries = 0
 
@@ -929,7 +765,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     if not created and tries > 1 and (adopted := own_lock()) is not None:
         return adopted
     if not created:
-        return row
+        return Holder(name, row.owner, row.expires_at)
     run_statement(alias, lambda: row.refresh_from_db(fields=["acquired_at", "expires_at"]))
     return ours(row.token, row.acquired_at, row.expires_at)
 
@@ -955,7 +791,7 @@ def _acquire(
     min_hold: DurationLike | None = None,
     wait: DurationLike | None = None,
     using: str | None = None,
-) -> Lock | JobLock:
+) -> Lock | Holder:
     checked_name = validate_name(name)
     ttl_delta, hold = validate_timing(ttl, min_hold)
     wait_seconds = 0.0

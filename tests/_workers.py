@@ -44,6 +44,14 @@ def serve_commands(conn: Connection) -> None:
                 (name,) = args
                 names = [name] if name else list(held)
                 result = all(held.pop(n).release() for n in names if n in held)
+            elif verb == "prepared_statements":
+                (alias,) = args
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(
+                        "SELECT name FROM pg_prepared_statements"
+                        " WHERE name LIKE 'exclusive_jobs_%%' ORDER BY name"
+                    )
+                    result = [name for (name,) in cursor.fetchall()]
             elif verb == "forget":
                 for lock in held.values():
                     lock.stop_keepalive()
