@@ -21,7 +21,6 @@ Two more savings, each used only where it cannot change what a statement does:
 from __future__ import annotations
 
 import hashlib
-import itertools
 import re
 import weakref
 from collections.abc import Callable
@@ -56,11 +55,13 @@ Rows = list[tuple[Any, ...]]
 
 @dataclass(frozen=True)
 class Prepared:
-    """A statement's SQL ``PREPARE`` and ``EXECUTE`` forms (PostgreSQL)."""
+    """A statement's SQL ``PREPARE`` form and what its ``EXECUTE`` needs (PostgreSQL)."""
 
     name: str
     prepare_sql: str
-    execute_sql: str
+    arg_count: int
+    varying: tuple[int, ...]  # positions bound at each call (name, token, thread)
+    constants: tuple[tuple[int, Any], ...]  # the other positions and their values
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def compile_update(
             name_again,
             follow,
             converters,
-            _preparable(alias, sql, params, name_again),
+            _preparable(alias, sql, params, slots, name_again),
         )
 
     return _cached((alias, connection.vendor, "update", *key), make)
@@ -186,7 +187,7 @@ def compile_select(alias: str, key: tuple[Any, ...], build: Callable[[], Any]) -
             slots,
             True,
             converters=converters,
-            prepared=_preparable(alias, sql, params, False),
+            prepared=_preparable(alias, sql, params, slots, False),
         )
 
     return _cached((alias, connection.vendor, "select", *key), make)
@@ -300,23 +301,50 @@ _MISSING = {"26000", "0A000"}
 _ALREADY_THERE = "42P05"
 
 
-def _preparable(alias: str, sql: str, params: Any, name_again: bool) -> Prepared | None:
-    """The PREPARE/EXECUTE forms of a PostgreSQL statement, if every parameter has a type."""
+def _preparable(
+    alias: str, sql: str, params: Any, slots: dict[Any, int], name_again: bool
+) -> Prepared | None:
+    """The PREPARE/EXECUTE forms of a PostgreSQL statement, if every parameter has a type.
+
+    The name bound again at the end refers to the name's own parameter. Parameters other
+    than the name, token and thread are the same at every call of this compiled
+    statement: they are written into its EXECUTE once per session (see ``_execute_sql``).
+    """
     if connections[alias].vendor != "postgresql":
         return None
     types = [_PG_TYPES.get(type(param).__name__) for param in params]
-    if name_again:
-        types.append("text")
     if None in types:
         return None
-    numbers = itertools.count(1)
-    body = _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else f"${next(numbers)}", sql)
-    if next(numbers) != len(types) + 1:
+    numbers = [f"${number}" for number in range(1, len(params) + 1)]
+    if name_again:
+        numbers.append(numbers[slots[NAME]])
+    marks = iter(numbers)
+    body = _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else next(marks, "?"), sql)
+    if next(marks, None) is not None or "?" in body:
         return None
     text = f"({', '.join(str(t) for t in types)}) AS {body}"
     name = "exclusive_jobs_" + hashlib.sha256(text.encode()).hexdigest()[:40]
-    marks = ", ".join(["%s"] * len(types))
-    return Prepared(name, f"PREPARE {name} {text}", f"EXECUTE {name}({marks})")
+    varying = tuple(sorted(slots.values()))
+    constants = tuple((i, param) for i, param in enumerate(params) if i not in varying)
+    return Prepared(name, f"PREPARE {name} {text}", len(params), varying, constants)
+
+
+def _execute_sql(connection: Any, prepared: Prepared) -> str:
+    """``EXECUTE name(...)`` with this statement's constant parameters as SQL literals.
+
+    Binding a parameter on the client costs more CPU than the statement costs the
+    server; the constants (the holder's host, pid and instance, the ttl) are rendered
+    once, by the driver, and only the name, token and thread are bound at each call.
+    """
+    constants = dict(prepared.constants)
+    args = []
+    for index in range(prepared.arg_count):
+        if index in constants:
+            literal = connection.ops.compose_sql("%s", [constants[index]])
+            args.append(literal.replace("%", "%%"))
+        else:
+            args.append("%s")
+    return f"EXECUTE {prepared.name}({', '.join(args)})"
 
 
 class _PreparedHere:
@@ -327,6 +355,7 @@ class _PreparedHere:
         self.uses: dict[str, int] = {}
         self.ready: set[str] = set()
         self.misses = 0
+        self.execute_sql: dict[Prepared, str] = {}
 
 
 def _session_state(connection: Any) -> _PreparedHere:
@@ -366,8 +395,11 @@ def _execute_prepared(connection: Any, cursor: Any, prepared: Prepared, params: 
                 state.misses = MAX_MISSES  # the server will not prepare: stop asking
                 return False
         state.ready.add(name)
+    execute_sql = state.execute_sql.get(prepared)
+    if execute_sql is None:
+        execute_sql = state.execute_sql[prepared] = _execute_sql(connection, prepared)
     try:
-        cursor.execute(prepared.execute_sql, params)
+        cursor.execute(execute_sql, [params[index] for index in prepared.varying])
     except connection.Database.Error as exc:
         if _sqlstate(exc) not in _MISSING:
             raise

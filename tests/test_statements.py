@@ -209,3 +209,16 @@ def test_without_multi_statements_a_take_reads_its_row_after(mysql: str) -> None
         del options["multi_statements"]
         connections[mysql].close()
         statements._compiled.clear()
+
+
+@on_postgresql
+def test_statements_that_differ_in_constants_share_one_prepared_form(pg: str) -> None:
+    leases = []
+    for ttl in (60, 120, 60, 120, 60, 120, 60, 120):
+        lock = try_acquire("prep", ttl=ttl, using=pg)
+        assert lock is not None
+        lease = row(pg, "prep").expires_at - row(pg, "prep").acquired_at
+        leases.append(lease.total_seconds())
+        assert lock.release()
+    assert leases == [60, 120] * 4  # each call kept its own ttl once prepared
+    assert len(prepared_here(pg)) == 2  # one take, one release, for both ttls
