@@ -34,7 +34,7 @@ from django.db import (
     router,
     transaction,
 )
-from django.db.models import F, Q
+from django.db.models import BigIntegerField, Case, DateTimeField, F, Func, Q, Value, When
 from django.db.models.functions import Greatest
 
 from . import signals
@@ -289,6 +289,9 @@ _HELD = "held"
 _RELEASED = "released"
 _LOST = "lost"
 
+#: A time the take did not return (MariaDB, MySQL): read from the row when first used.
+UNREAD: Any = type("Unread", (), {"__repr__": lambda self: "UNREAD"})()
+
 _registry = threading.local()  # (alias, name) -> outermost Lock held by this thread
 
 
@@ -318,10 +321,6 @@ class Lock:
     token: int
     #: This holder: ``host:pid:instance`` (the instance id is random per process).
     owner: str
-    #: When this acquisition was made, on the database's clock.
-    acquired_at: dt.datetime | None
-    #: When the lease ends unless renewed, on the database's clock.
-    expires_at: dt.datetime | None
 
     def __init__(
         self,
@@ -342,8 +341,8 @@ class Lock:
         self.min_hold = min_hold
         self.token = token
         self.owner = identity.owner()
-        self.acquired_at = acquired_at
-        self.expires_at = expires_at
+        self._acquired_at = acquired_at
+        self._expires_at = expires_at
         self.lost_reason: str | None = None
         self._parent = parent
         self._state = _HELD
@@ -355,6 +354,48 @@ class Lock:
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} token={self.token} {self._state}>"
+
+    # times -----------------------------------------------------------------------
+
+    @property
+    def acquired_at(self) -> dt.datetime | None:
+        """When this acquisition was made, on the database's clock.
+
+        On MariaDB and MySQL the take does not return it: it is read from the lock's row
+        the first time it is used (None if the row no longer has this token).
+        """
+        if self._acquired_at is UNREAD:
+            self._read_times()
+        return self._acquired_at
+
+    @property
+    def expires_at(self) -> dt.datetime | None:
+        """When the lease ends unless renewed, on the database's clock (read as above)."""
+        if self._expires_at is UNREAD:
+            self._read_times()
+        return self._expires_at
+
+    @expires_at.setter
+    def expires_at(self, value: dt.datetime | None) -> None:
+        self._expires_at = value
+
+    def _read_times(self) -> None:
+        from .models import JobLock
+
+        found = run_statement(
+            self.using,
+            lambda: (
+                JobLock.objects.using(self.using)
+                .filter(name=self.name, token=self.token)
+                .values_list("acquired_at", "expires_at")
+                .first()
+            ),
+        )
+        acquired_at, expires_at = found or (None, None)
+        if self._acquired_at is UNREAD:
+            self._acquired_at = acquired_at
+        if self._expires_at is UNREAD:
+            self._expires_at = expires_at
 
     # state -----------------------------------------------------------------------
 
@@ -626,6 +667,8 @@ class Holder:
     name: str
     owner: str
     expires_at: dt.datetime | None
+    #: False when the take only learnt that the lock is held (MariaDB, MySQL).
+    known: bool = True
 
     @classmethod
     def of(cls, name: str, host: str, pid: int | None, instance: str, expires_at: Any) -> Holder:
@@ -676,19 +719,26 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         values["token"] = F("token") + 1
         return values
 
-    # The row as it stands after the take, where the UPDATE cannot return it: read in
-    # the same request on MariaDB/MySQL, by a second statement on SQLite.
+    # SQLite: the row as it stands after the take, read by a second statement.
     def after_take() -> Any:
         return rows().filter(name=NAME).values_list(*_AFTER_TAKE)
 
-    compiled = compile_update(
-        alias,
-        ("take", ttl, identity.instance),
-        lambda: (rows().filter(_lease_over(), name=NAME), take_values(THREAD)),
-        ["token", "acquired_at", "expires_at"],
-        or_holder=True,
-        then_select=after_take,
-    )
+    if connections[alias].vendor == "mysql":
+        compiled = compile_update(
+            alias,
+            ("take-if-over", ttl, identity.instance),
+            lambda: (rows().filter(name=NAME), _take_if_over(ttl, THREAD)),
+            [],
+            insert_id=True,
+        )
+    else:
+        compiled = compile_update(
+            alias,
+            ("take", ttl, identity.instance),
+            lambda: (rows().filter(_lease_over(), name=NAME), take_values(THREAD)),
+            ["token", "acquired_at", "expires_at"],
+            or_holder=True,
+        )
 
     tries = 0
 
@@ -718,7 +768,18 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             row = after_take().first()
         else:
             count, returned = run_compiled(alias, compiled, name=name, thread=thread)
-            if compiled.returning and not compiled.then_select:
+            if compiled.insert_id:
+                # MariaDB/MySQL: the UPDATE matched the row if there is one, and set
+                # LAST_INSERT_ID() to the new token if the lease was over, else to 0.
+                # (Without CLIENT_FOUND_ROWS a held row counts 0: then get_or_create
+                # finds it and reports it held.)
+                if not count:
+                    return None
+                token = returned[0][0]
+                if token:
+                    return ours(token, UNREAD, UNREAD)
+                return Holder(name, "", None, known=False)
+            if compiled.returning:
                 # PostgreSQL: our new row, or the holder's row, or nothing.
                 if not returned:
                     return None
@@ -726,8 +787,6 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
                 if won:
                     return ours(token, acquired_at, expires_at)
                 return Holder.of(name, host, pid, instance, expires_at)
-            if compiled.then_select:
-                row = returned[0] if returned else None
             else:
                 read = compile_select(alias, ("after-take",), after_take)
                 if read is None:  # pragma: no cover - only if the ORM's SQL changes shape
@@ -772,6 +831,39 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     return ours(row.token, row.acquired_at, row.expires_at)
 
 
+class _LastInsertId(Func):
+    function = "LAST_INSERT_ID"
+    output_field = BigIntegerField()
+
+
+def _take_if_over(ttl: dt.timedelta, thread: Any) -> dict[str, Any]:
+    """MariaDB/MySQL: the take as an UPDATE that matches the row whether or not it wins.
+
+    Each column gets its new value only if the lease is over, and ``LAST_INSERT_ID()`` is
+    set to the new token then, to 0 otherwise: the row count says whether the row exists,
+    the insert id whether we won, with no second statement. ``expires_at`` comes last, so
+    every other column's test still sees the old lease (MySQL assigns left to right).
+    """
+    over = _lease_over()
+
+    def if_over(value: Any, column: str) -> Case:
+        return Case(When(over, then=value), default=F(column))
+
+    big = BigIntegerField()
+    won = Case(When(over, then=F("token") + 1), default=Value(0), output_field=big)
+    return {
+        "host": if_over(Value(identity.host), "host"),
+        "pid": if_over(Value(identity.pid), "pid"),
+        "instance": if_over(Value(identity.instance), "instance"),
+        "thread": if_over(Value(thread, output_field=BigIntegerField()), "thread"),
+        "acquired_at": if_over(DatabaseNow(), "acquired_at"),
+        "released_at": if_over(Value(None, output_field=DateTimeField()), "released_at"),
+        "token": _LastInsertId(won)
+        + Case(When(over, then=Value(0)), default=F("token"), output_field=big),
+        "expires_at": if_over(now_plus(ttl), "expires_at"),  # last: see above
+    }
+
+
 def _first_token(alias: str, name: str) -> int:
     """The token for a new row: above any this name had, even if its row was deleted.
 
@@ -793,6 +885,7 @@ def _acquire(
     min_hold: DurationLike | None = None,
     wait: DurationLike | None = None,
     using: str | None = None,
+    describe: bool = True,
 ) -> Lock | Holder:
     checked_name = validate_name(name)
     ttl_delta, hold = validate_timing(ttl, min_hold)
@@ -817,8 +910,8 @@ def _acquire(
             ttl=outer.ttl,
             min_hold=outer.min_hold,
             token=outer.token,
-            acquired_at=outer.acquired_at,
-            expires_at=outer.expires_at,
+            acquired_at=outer._acquired_at,
+            expires_at=outer._expires_at,
             started=time.monotonic(),
             parent=outer,
         )
@@ -833,9 +926,27 @@ def _acquire(
             return result
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if describe and not result.known:
+                return _describe_holder(alias, checked_name)
             return result
         time.sleep(min(remaining, delay * random.uniform(0.8, 1.2)))
         delay = min(delay * 1.6, 2.0)
+
+
+def _describe_holder(alias: str, name: str) -> Holder:
+    """Who holds ``name`` now (for a take that only learnt that somebody does)."""
+    from .models import JobLock
+
+    found = run_statement(
+        alias,
+        lambda: (
+            JobLock.objects.using(alias)
+            .filter(name=name)
+            .values_list("host", "pid", "instance", "expires_at")
+            .first()
+        ),
+    )
+    return Holder(name, "", None) if found is None else Holder.of(name, *found)
 
 
 def try_acquire(
@@ -852,7 +963,7 @@ def try_acquire(
     backoff until acquired or the time is up. The caller must ``release()`` the lock;
     no keep-alive runs unless ``lock.start_keepalive()`` is called.
     """
-    result = _acquire(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    result = _acquire(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using, describe=False)
     return result if isinstance(result, Lock) else None
 
 

@@ -8,23 +8,15 @@ SQL still comes from the ORM: ``DatabaseNow``, quoting and interval arithmetic.
 
 Two more savings, each used only where it cannot change what a statement does:
 
-* **PostgreSQL.** Django binds parameters on the client, so the server parses and plans
-  every statement again. A statement run a few times on one connection is made a named
-  prepared statement (SQL ``PREPARE``, then ``EXECUTE``). Its name is a hash of its text
-  and parameter types, so a name found on a pooled server connection always means this
-  very statement. A connection where it keeps going missing (a pooler in transaction
-  mode) stops trying. ``EXCLUSIVE_JOBS["PREPARE_STATEMENTS"] = False`` turns it off.
-* **MariaDB and MySQL.** There is no ``UPDATE ... RETURNING``, so the read of the row
-  that tells who won is sent with the ``UPDATE`` in one request: one round trip, not two.
+* **PostgreSQL.** A statement run a few times on one connection is prepared under a name
+  that is a hash of its text, and executed by that name (see ``pgprepared``).
+* **MariaDB and MySQL.** The statement's text is rendered once per session with its
+  constant values quoted, and sent without a cursor (see ``mysqlquery``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
-import weakref
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +24,8 @@ from django.db import connections
 from django.db.models import Field
 from django.db.models.sql import UpdateQuery
 
-from .conf import app_settings
+from . import mysqlquery, pgprepared
+from .pgprepared import Prepared
 
 if TYPE_CHECKING:
     from .models import JobLock, JobLockQuerySet
@@ -43,25 +36,8 @@ TOKEN = -7_770_000_000_001
 THREAD = -7_770_000_000_002
 _SLOT_NAMES = {NAME: "name", TOKEN: "token", THREAD: "thread"}
 
-# PostgreSQL: how often a statement runs on one connection before it is prepared (a
-# process that takes one lock and exits never pays for a PREPARE), and how often a
-# prepared statement may go missing on one connection before it stops preparing.
-PREPARE_AFTER = 3
-MAX_MISSES = 3
-
 Converters = dict[int, tuple[list[Any], Any]]
 Rows = list[tuple[Any, ...]]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A statement's SQL ``PREPARE`` form and what its ``EXECUTE`` needs (PostgreSQL)."""
-
-    name: str
-    prepare_sql: str
-    arg_count: int
-    varying: tuple[int, ...]  # positions bound at each call (name, token, thread)
-    constants: tuple[tuple[int, Any], ...]  # the other positions and their values
 
 
 @dataclass(frozen=True)
@@ -73,7 +49,7 @@ class Compiled:
     slots: dict[Any, int]
     returning: bool
     name_again: bool = False  # the name is bound once more at the end
-    then_select: bool = False  # a SELECT follows in the same request; its rows are returned
+    insert_id: bool = False  # MySQL: the one row returned is (the LAST_INSERT_ID() it set,)
     converters: Converters = field(default_factory=dict)
     prepared: Prepared | None = None
 
@@ -111,14 +87,14 @@ def compile_update(
     returning: list[str],
     *,
     or_holder: bool = False,
-    then_select: Callable[[], Any] | None = None,
+    insert_id: bool = False,
 ) -> Compiled | None:
     """Compile ``queryset.update(**values)`` once per shape; None if it cannot be reused.
 
     On PostgreSQL the statement returns the ``returning`` columns of the changed row, and
     with ``or_holder`` the current holder's row when it changed nothing, so a lost race
-    is decided in one round trip. On MariaDB and MySQL, ``then_select`` (a values_list
-    queryset filtered on the name alone) is sent in the same request and its row returned.
+    is decided in one round trip. With ``insert_id`` (MariaDB and MySQL, whose UPDATE
+    returns no rows) it returns the value the statement gave ``LAST_INSERT_ID()``.
     """
     connection = connections[alias]
 
@@ -149,24 +125,14 @@ def compile_update(
         slots = placeholder_slots(params)
         if slots is None:
             return None
-        converters: Converters = {}
-        follow = then_select is not None and _multi_statements(alias)
-        if follow:
-            assert then_select is not None
-            select_sql, select_params, converters = _compile_select(alias, then_select)
-            if list(select_params) != [NAME]:
-                return None
-            sql = f"{sql}; {select_sql}"
-            name_again = True
         return Compiled(
             sql,
             tuple(params),
             slots,
-            wants_rows or follow,
+            wants_rows or insert_id,
             name_again,
-            follow,
-            converters,
-            _preparable(alias, sql, params, slots, name_again),
+            insert_id,
+            prepared=_preparable(connection.vendor, sql, params, slots, name_again),
         )
 
     return _cached((alias, connection.vendor, "update", *key), make)
@@ -187,7 +153,7 @@ def compile_select(alias: str, key: tuple[Any, ...], build: Callable[[], Any]) -
             slots,
             True,
             converters=converters,
-            prepared=_preparable(alias, sql, params, slots, False),
+            prepared=_preparable(connection.vendor, sql, params, slots, False),
         )
 
     return _cached((alias, connection.vendor, "select", *key), make)
@@ -220,12 +186,11 @@ def _same(param: Any, placeholder: Any) -> bool:
     return isinstance(param, type(placeholder)) and param == placeholder
 
 
-def _multi_statements(alias: str) -> bool:
-    """Whether two statements may go in one request: mysqlclient allows it unless told not."""
-    connection: Any = connections[alias]
-    if connection.vendor != "mysql" or connection.Database.__name__ != "MySQLdb":
-        return False
-    return connection.settings_dict.get("OPTIONS", {}).get("multi_statements", True) is not False
+def _preparable(
+    vendor: str, sql: str, params: Any, slots: dict[Any, int], name_again: bool
+) -> Prepared | None:
+    varying = tuple(sorted(slots.values()))
+    return pgprepared.preparable(vendor, sql, params, varying, slots[NAME], name_again)
 
 
 # --- running --------------------------------------------------------------------------
@@ -236,10 +201,12 @@ def run_compiled(
 ) -> tuple[int, list[tuple[Any, ...]]]:
     """Execute a compiled statement; return its row count and any rows it returned.
 
-    It runs on the backend's own cursor (the one Django's cursor wraps; errors are still
-    translated into Django's), which saves a good part of what a lock costs beyond the
-    SQL. Whenever someone watches the connection (an ``execute_wrapper``, DEBUG's query
-    log), it goes through Django's cursor so they see the statement as the ORM built it.
+    It runs as a prepared statement on PostgreSQL (``pgprepared``), as one query without a
+    cursor on MariaDB and MySQL (``mysqlquery``), on the backend's own cursor elsewhere;
+    errors are still translated into Django's. That saves a good part of what a lock
+    costs beyond the SQL. Whenever someone watches the connection (an
+    ``execute_wrapper``, DEBUG's query log), it goes through Django's cursor so they see
+    the statement as the ORM built it.
     """
     connection = connections[alias]
     params = compiled.bind(**values)
@@ -250,15 +217,24 @@ def run_compiled(
     else:
         connection.ensure_connection()
         with connection.wrap_database_errors:
-            cursor = connection.create_cursor()
-            try:
-                if compiled.prepared is None or not _execute_prepared(
-                    connection, cursor, compiled.prepared, params
-                ):
+            done = None
+            if compiled.prepared is not None:
+                done = pgprepared.run(
+                    connection, compiled.prepared, compiled.params, params, compiled.returning
+                )
+            elif mysqlquery.usable(connection):
+                varying = tuple(sorted(compiled.slots.values()))
+                done = mysqlquery.run(
+                    connection, compiled.sql, compiled.params, varying, params, compiled.insert_id
+                )
+            if done is None:
+                cursor = connection.create_cursor()
+                try:
                     cursor.execute(compiled.sql, params)
-                count, rows = _results(cursor, compiled)
-            finally:
-                cursor.close()
+                    done = _results(cursor, compiled)
+                finally:
+                    cursor.close()
+            count, rows = done
     if compiled.converters:
         rows = [_convert(row, compiled.converters, connection) for row in rows]
     return count, rows
@@ -275,144 +251,7 @@ def _convert(row: tuple[Any, ...], converters: Converters, connection: Any) -> t
 
 def _results(cursor: Any, compiled: Compiled) -> tuple[int, Rows]:
     count = cursor.rowcount
-    if compiled.then_select:
-        cursor.nextset()
+    if compiled.insert_id:
+        return count, [(cursor.lastrowid,)]
     rows = list(cursor.fetchall()) if compiled.returning else []
     return count, rows
-
-
-# --- PostgreSQL prepared statements ---------------------------------------------------
-
-_PG_TYPES = {
-    "bool": "boolean",
-    "str": "text",
-    "int": "bigint",
-    "Int2": "smallint",
-    "Int4": "integer",
-    "Int8": "bigint",
-    "float": "double precision",
-    "timedelta": "interval",
-    "datetime": "timestamp with time zone",
-}
-_PLACEHOLDER = re.compile(r"%%|%s")
-# The server does not have the statement (a new session, or a pooler sent us to another
-# one), or its result shape changed under it (a migration altered the table).
-_MISSING = {"26000", "0A000"}
-_ALREADY_THERE = "42P05"
-
-
-def _preparable(
-    alias: str, sql: str, params: Any, slots: dict[Any, int], name_again: bool
-) -> Prepared | None:
-    """The PREPARE/EXECUTE forms of a PostgreSQL statement, if every parameter has a type.
-
-    The name bound again at the end refers to the name's own parameter. Parameters other
-    than the name, token and thread are the same at every call of this compiled
-    statement: they are written into its EXECUTE once per session (see ``_execute_sql``).
-    """
-    if connections[alias].vendor != "postgresql":
-        return None
-    types = [_PG_TYPES.get(type(param).__name__) for param in params]
-    if None in types:
-        return None
-    numbers = [f"${number}" for number in range(1, len(params) + 1)]
-    if name_again:
-        numbers.append(numbers[slots[NAME]])
-    marks = iter(numbers)
-    body = _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else next(marks, "?"), sql)
-    if next(marks, None) is not None or "?" in body:
-        return None
-    text = f"({', '.join(str(t) for t in types)}) AS {body}"
-    name = "exclusive_jobs_" + hashlib.sha256(text.encode()).hexdigest()[:40]
-    varying = tuple(sorted(slots.values()))
-    constants = tuple((i, param) for i, param in enumerate(params) if i not in varying)
-    return Prepared(name, f"PREPARE {name} {text}", len(params), varying, constants)
-
-
-def _execute_sql(connection: Any, prepared: Prepared) -> str:
-    """``EXECUTE name(...)`` with this statement's constant parameters as SQL literals.
-
-    Binding a parameter on the client costs more CPU than the statement costs the
-    server; the constants (the holder's host, pid and instance, the ttl) are rendered
-    once, by the driver, and only the name, token and thread are bound at each call.
-    """
-    constants = dict(prepared.constants)
-    args = []
-    for index in range(prepared.arg_count):
-        if index in constants:
-            literal = connection.ops.compose_sql("%s", [constants[index]])
-            args.append(literal.replace("%", "%%"))
-        else:
-            args.append("%s")
-    return f"EXECUTE {prepared.name}({', '.join(args)})"
-
-
-class _PreparedHere:
-    """What one database session has prepared, and how often statements went missing."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw = weakref.ref(raw)
-        self.uses: dict[str, int] = {}
-        self.ready: set[str] = set()
-        self.misses = 0
-        self.execute_sql: dict[Prepared, str] = {}
-
-
-def _session_state(connection: Any) -> _PreparedHere:
-    state: _PreparedHere | None = getattr(connection, "_exclusive_jobs_prepared", None)
-    if state is None or state.raw() is not connection.connection:
-        state = _PreparedHere(connection.connection)
-        connection._exclusive_jobs_prepared = state
-    return state
-
-
-def _execute_prepared(connection: Any, cursor: Any, prepared: Prepared, params: list[Any]) -> bool:
-    """Run ``prepared`` on ``cursor`` if that is worth it and safe; False to run it plainly.
-
-    Only in autocommit outside any atomic block: there a failed EXECUTE is just an error,
-    not an aborted transaction. Not with ``server_side_binding``: psycopg prepares by
-    itself there, and an EXECUTE cannot take server-side parameters.
-    """
-    if (
-        not connection.autocommit
-        or connection.in_atomic_block
-        or connection.settings_dict.get("OPTIONS", {}).get("server_side_binding")
-        or not app_settings.PREPARE_STATEMENTS
-    ):
-        return False
-    state = _session_state(connection)
-    if state.misses >= MAX_MISSES:
-        return False
-    name = prepared.name
-    if name not in state.ready:
-        uses = state.uses[name] = state.uses.get(name, 0) + 1
-        if uses < PREPARE_AFTER:
-            return False
-        try:
-            cursor.execute(prepared.prepare_sql)
-        except connection.Database.Error as exc:
-            if _sqlstate(exc) != _ALREADY_THERE:  # same name, so the same statement
-                state.misses = MAX_MISSES  # the server will not prepare: stop asking
-                return False
-        state.ready.add(name)
-    execute_sql = state.execute_sql.get(prepared)
-    if execute_sql is None:
-        execute_sql = state.execute_sql[prepared] = _execute_sql(connection, prepared)
-    try:
-        cursor.execute(execute_sql, [params[index] for index in prepared.varying])
-    except connection.Database.Error as exc:
-        if _sqlstate(exc) not in _MISSING:
-            raise
-        state.ready.discard(name)
-        state.uses[name] = 0
-        state.misses += 1
-        if _sqlstate(exc) == "0A000":  # the old plan is useless now: drop it
-            with suppress(connection.Database.Error):
-                cursor.execute(f"DEALLOCATE {name}")
-        return False
-    return True
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
-    return str(code) if code else None

@@ -8,6 +8,7 @@ them, a transaction, a table altered under a prepared plan) still gives the righ
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,10 +16,11 @@ import pytest
 from django.db import connections, transaction
 from django.test import override_settings
 
-from django_exclusive_jobs import statements, try_acquire
-from django_exclusive_jobs.statements import MAX_MISSES, PREPARE_AFTER
+from django_exclusive_jobs import LockHeld, pgprepared, try_acquire
+from django_exclusive_jobs.locks import acquire_or_raise, identity
+from django_exclusive_jobs.pgprepared import MAX_MISSES, PREPARE_AFTER
 
-from .helpers import other_holder, row
+from .helpers import expire_now, other_holder, row
 
 # Each path exists on one backend only; the alias fixture skips it if that server is down.
 on_postgresql = pytest.mark.parametrize("alias", ["postgresql"], indirect=True)
@@ -122,7 +124,7 @@ def test_a_statement_the_server_already_has_is_used(pg: str) -> None:
     delattr(connections[pg], "_exclusive_jobs_prepared")
     assert cycle(pg, times=PREPARE_AFTER + 1) == [PREPARE_AFTER + 1 + n for n in range(4)]
     assert prepared_here(pg) == names
-    assert statements._session_state(connections[pg]).misses == 0
+    assert pgprepared.session(connections[pg]).misses == 0
 
 
 @on_postgresql
@@ -153,7 +155,7 @@ def test_a_table_altered_under_a_prepared_take_still_decides(pg: str) -> None:
         lock = try_acquire("prep", ttl=60, using=pg)
         assert lock is not None and lock.token == PREPARE_AFTER + 1
         assert lock.release()
-        assert statements._session_state(connections[pg]).misses == 1
+        assert pgprepared.session(connections[pg]).misses == 1
     finally:
         held.release()
         with connections[pg].cursor() as cursor:
@@ -168,47 +170,72 @@ def counted(mysql: str) -> Iterator[list[str]]:
         sent.append(sql)
         return execute(sql, params, many, context)
 
-    cycle(mysql)  # compile outside the count
+    cycle(mysql)  # the row exists now; compile outside the count
     with connections[mysql].execute_wrapper(count):
         yield sent
 
 
 @on_mysql
-def test_a_take_on_mariadb_is_one_request(mysql: str, counted: list[str]) -> None:
+def test_a_take_on_mariadb_is_one_statement(mysql: str, counted: list[str]) -> None:
     lock = try_acquire("prep", ttl=60, using=mysql)
     assert lock is not None and lock.token == 2
-    assert len(counted) == 1
+    assert len(counted) == 1 and ";" not in counted[0]
+    # The take did not read its times: the first use reads them from the row, once.
+    acquired_at, expires_at = lock.acquired_at, lock.expires_at
+    assert (lock.acquired_at, lock.expires_at) == (acquired_at, expires_at)
+    assert len(counted) == 2
+    saved = row(mysql, "prep")
+    assert (acquired_at, expires_at) == (saved.acquired_at, saved.expires_at)
+    assert saved.expires_at - saved.acquired_at == dt.timedelta(seconds=60)
     with other_holder(mysql) as other:
-        assert other.try_acquire("prep", ttl=60) is None
-    assert try_acquire("prep-missing-row", ttl=60, using=mysql) is not None
-    lock.release()
+        assert other.try_acquire("prep", ttl=60) is None  # matched the row, won nothing
+        assert row(mysql, "prep").token == 2 and row(mysql, "prep").instance == identity.instance
+    assert lock.release()
 
 
 @on_mysql
-def test_without_multi_statements_a_take_reads_its_row_after(mysql: str) -> None:
-    options = connections[mysql].settings_dict["OPTIONS"]
-    connections[mysql].close()
-    statements._compiled.clear()
-    options["multi_statements"] = False
-    try:
+def test_a_lost_take_on_mariadb_names_the_holder_only_when_asked(mysql: str) -> None:
+    with other_holder(mysql) as other:
+        assert other.try_acquire("prep", ttl=60) == 1
         sent: list[str] = []
 
         def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
             sent.append(sql)
             return execute(sql, params, many, context)
 
-        assert cycle(mysql) == [1]
+        try_acquire("prep", ttl=60, using=mysql)  # compile outside the count
         with connections[mysql].execute_wrapper(count):
-            lock = try_acquire("prep", ttl=60, using=mysql)
-            assert lock is not None and lock.token == 2
-        assert len(sent) == 2 and ";" not in sent[0]
+            assert try_acquire("prep", ttl=60, using=mysql) is None
+            assert len(sent) == 1
+            with pytest.raises(LockHeld) as held:
+                acquire_or_raise("prep", ttl=60, using=mysql)
+            assert len(sent) == 3  # the take, then the read of who holds it
+        assert held.value.owner == other.owner
+        assert held.value.expires_at == row(mysql, "prep").expires_at
+        assert row(mysql, "prep").token == 1
+
+
+@on_mysql
+def test_without_found_rows_a_held_lock_is_still_held(mysql: str) -> None:
+    """A project that sets its own client_flag: a held row then counts 0, not 1."""
+    options = connections[mysql].settings_dict["OPTIONS"]
+    connections[mysql].close()
+    options["client_flag"] = 0
+    try:
+        assert cycle(mysql) == [1]  # creates the row, then takes it over
+        assert cycle(mysql) == [2]
         with other_holder(mysql) as other:
-            assert other.try_acquire("prep", ttl=60) is None
-        lock.release()
+            assert other.try_acquire("prep", ttl=60) == 3
+            assert try_acquire("prep", ttl=60, using=mysql) is None
+            with pytest.raises(LockHeld):
+                acquire_or_raise("prep", ttl=60, using=mysql)
+            expire_now(mysql, "prep")
+            lock = try_acquire("prep", ttl=60, using=mysql)
+            assert lock is not None and lock.token == 4
+            assert lock.release()
     finally:
-        del options["multi_statements"]
+        del options["client_flag"]
         connections[mysql].close()
-        statements._compiled.clear()
 
 
 @on_postgresql
@@ -222,3 +249,90 @@ def test_statements_that_differ_in_constants_share_one_prepared_form(pg: str) ->
         assert lock.release()
     assert leases == [60, 120] * 4  # each call kept its own ttl once prepared
     assert len(prepared_here(pg)) == 2  # one take, one release, for both ttls
+
+
+@on_postgresql
+def test_times_are_read_as_django_reads_them_after_a_time_zone_change(pg: str) -> None:
+    cycle(pg, times=PREPARE_AFTER + 1)  # the take and release are prepared now
+    with override_settings(USE_TZ=False):
+        lock = try_acquire("prep", ttl=60, using=pg)
+        assert lock is not None and lock.acquired_at is not None
+        assert lock.acquired_at.tzinfo is None
+        assert lock.acquired_at == row(pg, "prep").acquired_at
+        assert lock.release()
+    lock = try_acquire("prep", ttl=60, using=pg)
+    assert lock is not None and lock.acquired_at is not None
+    assert lock.acquired_at.tzinfo is not None
+    assert lock.acquired_at == row(pg, "prep").acquired_at
+    assert lock.release()
+    assert len(prepared_here(pg)) == 2
+
+
+@on_postgresql
+def test_a_prepared_statement_that_fails_raises_the_servers_error(pg: str) -> None:
+    import psycopg
+
+    from django_exclusive_jobs import LockDatabaseError
+
+    cycle(pg, times=PREPARE_AFTER + 1)
+    assert len(prepared_here(pg)) == 2
+    settings = connections[pg].settings_dict
+    with psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
+    ) as blocker:
+        # Another transaction holds the row, so the take waits until the timeout ends it.
+        blocker.execute(
+            "SELECT 1 FROM django_exclusive_jobs_joblock WHERE name = 'prep' FOR UPDATE"
+        )
+        with connections[pg].cursor() as cursor:
+            cursor.execute("SET statement_timeout = 200")
+        with pytest.raises(LockDatabaseError, match="statement timeout"):
+            try_acquire("prep", ttl=60, using=pg)
+        blocker.rollback()
+    with connections[pg].cursor() as cursor:
+        cursor.execute("RESET statement_timeout")
+    # Django closed the connection after the error (CONN_MAX_AGE 0); the next one
+    # prepares again.
+    assert cycle(pg, times=PREPARE_AFTER) == [PREPARE_AFTER + 2 + n for n in range(3)]
+    assert len(prepared_here(pg)) == 2
+    assert pgprepared.session(connections[pg]).misses == 0
+
+
+# Quotes, a backslash, percent signs and non-ASCII: what the driver must quote for us.
+AWKWARD = 'it\'s a \\ "quoted" %s %% ; ünïcödé ✓ name'
+
+
+def test_a_name_that_needs_quoting_takes_and_releases(alias: str) -> None:
+    with other_holder(alias) as other:
+        for _ in range(PREPARE_AFTER + 2):  # plain, then prepared on PostgreSQL
+            lock = try_acquire(AWKWARD, ttl=60, using=alias)
+            assert lock is not None
+            assert row(alias, AWKWARD).token == lock.token
+            assert other.try_acquire(AWKWARD, ttl=60) is None
+            assert lock.release()
+            assert row(alias, AWKWARD).released_at is not None
+    assert row(alias, AWKWARD).token == PREPARE_AFTER + 2
+
+
+@on_mysql
+def test_lock_statements_on_mariadb_need_no_cursor(
+    mysql: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cycle(mysql)
+    connection = connections[mysql]
+    made: list[object] = []
+    create_cursor = connection.create_cursor
+
+    def counted_cursor(*args: Any) -> Any:
+        made.append(args)
+        return create_cursor(*args)
+
+    monkeypatch.setattr(connection, "create_cursor", counted_cursor)
+    assert cycle(mysql, times=3) == [2, 3, 4]
+    assert made == []
+    with other_holder(mysql) as other:
+        held = try_acquire("prep", ttl=60, using=mysql)
+        assert held is not None
+        assert other.try_acquire("prep", ttl=60) is None
+        assert held.release()
+    assert made == []

@@ -1,0 +1,114 @@
+"""MariaDB and MySQL (mysqlclient): send the lock's hot statements as one query each.
+
+A statement sent through a cursor pays for the cursor, for quoting every parameter and for
+building a description of every result. The lock's statements are the same text at every
+call except for the name, token and thread, so their text is rendered once per database
+session with the other values already quoted by the driver, and each call quotes only
+what varies and sends the query through mysqlclient's connection (``query``,
+``store_result``, ``next_result``). Rows are converted by the same converters the
+connection gives its cursors.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from contextlib import suppress
+from typing import Any
+
+Rows = list[tuple[Any, ...]]
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+class _Session:
+    """The statements rendered for one database session."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = weakref.ref(raw)
+        self.templates: dict[tuple[str, tuple[Any, ...]], tuple[list[bytes], list[int]]] = {}
+
+
+def _session(connection: Any) -> _Session:
+    state: _Session | None = getattr(connection, "_exclusive_jobs_mysql", None)
+    if state is None or state.raw() is not connection.connection:
+        state = _Session(connection.connection)
+        connection._exclusive_jobs_mysql = state
+    return state
+
+
+def usable(connection: Any) -> bool:
+    """Whether the connection is mysqlclient's (the only driver this path knows)."""
+    return bool(connection.vendor == "mysql" and connection.Database.__name__ == "MySQLdb")
+
+
+def run(
+    connection: Any,
+    sql: str,
+    constants: tuple[Any, ...],
+    varying: tuple[int, ...],
+    params: list[Any],
+    insert_id: bool = False,
+) -> tuple[int, Rows]:
+    """Run ``sql`` with ``params``; return its row count and its rows.
+
+    ``constants`` are the compiled parameters (the same at every call but for the
+    positions in ``varying``, and a name bound again after them). With ``insert_id``
+    the rows are one row holding the value the statement gave ``LAST_INSERT_ID()``.
+    """
+    raw = connection.connection
+    state = _session(connection)
+    key = (sql, constants)
+    template = state.templates.get(key)
+    if template is None:
+        template = state.templates[key] = _render(raw, sql, constants, varying, len(params))
+    pieces, slots = template
+    parts = list(pieces)
+    bound = (*varying, *range(len(constants), len(params)))
+    for slot, index in zip(slots, bound, strict=True):
+        value = params[index]
+        if isinstance(value, str):
+            parts[slot] = raw.string_literal(value.encode(raw.encoding))
+        else:
+            parts[slot] = b"%d" % value
+    try:
+        raw.query(b"".join(parts))
+        count = raw.affected_rows()
+        rows = [(raw.insert_id(),)] if insert_id else _rows(raw.store_result())
+        while raw.next_result() == 0:
+            rows = _rows(raw.store_result())
+    except BaseException:
+        # A failure half-way through a request may leave results unread: the
+        # connection is out of step, so close it (Django opens a new one).
+        if raw.open:
+            with suppress(Exception):
+                raw.close()
+        raise
+    return count, rows
+
+
+def _rows(result: Any) -> Rows:
+    return [] if result is None else list(result.fetch_row(0))
+
+
+def _render(
+    raw: Any, sql: str, constants: tuple[Any, ...], varying: tuple[int, ...], count: int
+) -> tuple[list[bytes], list[int]]:
+    """``sql`` as byte pieces: constants quoted in place; the slots left for the rest."""
+    pieces: list[bytes] = []
+    slots: list[int] = []
+    bound = iter(range(count))
+    position = 0
+    for match in _PLACEHOLDER.finditer(sql):
+        pieces.append(sql[position : match.start()].encode(raw.encoding))
+        position = match.end()
+        if match.group() == "%%":
+            pieces.append(b"%")
+            continue
+        index = next(bound)
+        if index in varying or index >= len(constants):
+            slots.append(len(pieces))
+            pieces.append(b"")
+        else:
+            pieces.append(raw.literal(constants[index]))
+    pieces.append(sql[position:].encode(raw.encoding))
+    return pieces, slots
