@@ -12,6 +12,7 @@ clock, and whose row count says who won:
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import random
@@ -34,7 +35,7 @@ from django.db import (
     router,
     transaction,
 )
-from django.db.models import BigIntegerField, Case, DateTimeField, F, Func, Q, Value, When
+from django.db.models import BigIntegerField, BooleanField, Case, F, Func, Q, When
 from django.db.models.functions import Greatest
 
 from . import signals
@@ -89,24 +90,40 @@ if hasattr(os, "register_at_fork"):
 def validate_name(name: object) -> str:
     if not isinstance(name, str):
         raise LockConfigurationError(f"Lock name must be a string, not {type(name).__name__}.")
-    if not name:
-        raise LockConfigurationError("Lock name must not be empty.")
-    if len(name) > MAX_NAME_LENGTH:
-        raise LockConfigurationError(
-            f"Lock name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}."
-        )
-    if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
-        raise LockConfigurationError(f"Lock name {name!r} contains a control character.")
-    if name != name.strip():
-        raise LockConfigurationError(f"Lock name {name!r} must not start or end with white space.")
+    problem = _name_problem(name)
+    if problem:
+        raise LockConfigurationError(problem)
     return name
 
 
+@functools.lru_cache(maxsize=1024)
+def _name_problem(name: str) -> str | None:
+    """What is wrong with a name, if anything (remembered: a server uses a few names)."""
+    if not name:
+        return "Lock name must not be empty."
+    if len(name) > MAX_NAME_LENGTH:
+        return f"Lock name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}."
+    if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
+        return f"Lock name {name!r} contains a control character."
+    if name != name.strip():
+        return f"Lock name {name!r} must not start or end with white space."
+    return None
+
+
 def _duration(value: DurationLike | None, default: Any, what: str) -> dt.timedelta:
+    value = default if value is None else value
     try:
-        return parse_duration(default if value is None else value, what=what)
+        try:
+            return _parsed(value, what)
+        except TypeError:  # unhashable: parse it without the cache (and fail clearly)
+            return parse_duration(value, what=what)
     except ValueError as exc:
         raise LockConfigurationError(str(exc)) from None
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _parsed(value: DurationLike, what: str) -> dt.timedelta:
+    return parse_duration(value, what=what)
 
 
 def validate_timing(
@@ -143,11 +160,24 @@ def validate_timing(
     return ttl_delta, hold
 
 
+def _lock_model() -> type[JobLock]:
+    """The JobLock model (imported on first use: the app registry must be ready)."""
+    global _JobLock
+    if _JobLock is None:
+        from .models import JobLock
+
+        _JobLock = JobLock
+    return _JobLock
+
+
+_JobLock: type[JobLock] | None = None
+
+
 def resolve_alias(using: str | None) -> str:
     """The database alias for the lock table: argument, setting, then routers."""
-    from .models import JobLock
-
-    alias = using if using is not None else (app_settings.DATABASE or router.db_for_write(JobLock))
+    alias = using
+    if alias is None:
+        alias = app_settings.DATABASE or router.db_for_write(_lock_model())
     if not isinstance(alias, str) or alias not in connections.settings:
         known = ", ".join(sorted(connections.settings))
         raise LockConfigurationError(
@@ -667,7 +697,8 @@ class Holder:
     name: str
     owner: str
     expires_at: dt.datetime | None
-    #: False when the take only learnt that the lock is held (MariaDB, MySQL).
+    #: False when the take only learnt that the lock is held (who holds it is read
+    #: only when somebody asks).
     known: bool = True
 
     @classmethod
@@ -691,12 +722,12 @@ _AFTER_TAKE = (
 
 def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> Lock | Holder:
     """One decision: a Lock if we won, else who holds it."""
-    from .models import JobLock
+    model = _lock_model()
 
     started = time.monotonic()
 
     def rows() -> JobLockQuerySet:  # built only off the compiled fast path
-        return JobLock.objects.using(alias)
+        return model.objects.using(alias)
 
     thread = threading.get_native_id()
 
@@ -726,8 +757,11 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     if connections[alias].vendor == "mysql":
         compiled = compile_update(
             alias,
-            ("take-if-over", ttl, identity.instance),
-            lambda: (rows().filter(name=NAME), _take_if_over(ttl, THREAD)),
+            ("take-mysql", ttl, identity.instance),
+            lambda: (
+                rows().filter(name=NAME).filter(_TokenToLastInsertId()).filter(_lease_over()),
+                take_values(THREAD),
+            ),
             [],
             insert_id=True,
         )
@@ -769,31 +803,31 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
         else:
             count, returned = run_compiled(alias, compiled, name=name, thread=thread)
             if compiled.insert_id:
-                # MariaDB/MySQL: the UPDATE matched the row if there is one, and set
-                # LAST_INSERT_ID() to the new token if the lease was over, else to 0.
-                # (Without CLIENT_FOUND_ROWS a held row counts 0: then get_or_create
-                # finds it and reports it held.)
-                if not count:
-                    return None
+                # MariaDB/MySQL: the new token if this UPDATE took the row, the
+                # holder's if it is held, 0 if there is no row (see _TokenToLastInsertId).
                 token = returned[0][0]
-                if token:
+                if count:
                     return ours(token, UNREAD, UNREAD)
-                return Holder(name, "", None, known=False)
-            if compiled.returning:
-                # PostgreSQL: our new row, or the holder's row, or nothing.
+                if token:
+                    return Holder(name, "", None, known=False)
+                return None
+            if compiled.or_holder:
+                # PostgreSQL: our new row, or a row saying the lock is held, or nothing.
                 if not returned:
                     return None
-                won, token, acquired_at, expires_at, host, pid, instance = returned[0]
+                won, token, acquired_at, expires_at = returned[0]
                 if won:
                     return ours(token, acquired_at, expires_at)
-                return Holder.of(name, host, pid, instance, expires_at)
+                return Holder(name, "", None, known=False)
+            if returned:  # SQLite 3.35+: our new row; none when held or missing
+                return ours(*returned[0])
+            # SQLite: read the row (held, missing, or before 3.35 whether we took it).
+            read = compile_select(alias, ("after-take",), after_take)
+            if read is None:  # pragma: no cover - only if the ORM's SQL changes shape
+                row = after_take().first()
             else:
-                read = compile_select(alias, ("after-take",), after_take)
-                if read is None:  # pragma: no cover - only if the ORM's SQL changes shape
-                    row = after_take().first()
-                else:
-                    returned = run_compiled(alias, read, name=name)[1]
-                    row = returned[0] if returned else None
+                returned = run_compiled(alias, read, name=name)[1]
+                row = returned[0] if returned else None
         if row is None:
             return None
         token, acquired_at, expires_at, host, pid, instance, row_thread, released_at = row
@@ -831,37 +865,26 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     return ours(row.token, row.acquired_at, row.expires_at)
 
 
-class _LastInsertId(Func):
-    function = "LAST_INSERT_ID"
-    output_field = BigIntegerField()
+class _TokenToLastInsertId(Func):
+    """MariaDB/MySQL: a WHERE term, always true, that hands a token back to the client.
 
-
-def _take_if_over(ttl: dt.timedelta, thread: Any) -> dict[str, Any]:
-    """MariaDB/MySQL: the take as an UPDATE that matches the row whether or not it wins.
-
-    Each column gets its new value only if the lease is over, and ``LAST_INSERT_ID()`` is
-    set to the new token then, to 0 otherwise: the row count says whether the row exists,
-    the insert id whether we won, with no second statement. ``expires_at`` comes last, so
-    every other column's test still sees the old lease (MySQL assigns left to right).
+    ``LAST_INSERT_ID(expr)`` sets the value the server returns with the row count: here
+    the next token if the lease is over (the UPDATE takes the row), else the holder's
+    token. It runs only if the row exists, so the reply alone tells the three cases
+    apart: row count 1 (taken, with that token), 0 with a token (held), 0 with 0 (no
+    row). It must come before the lease test, which would cut a held row short.
     """
-    over = _lease_over()
 
-    def if_over(value: Any, column: str) -> Case:
-        return Case(When(over, then=value), default=F(column))
+    template = "(LAST_INSERT_ID(%(expressions)s) IS NOT NULL)"
+    output_field = BooleanField()
+    conditional = True
 
-    big = BigIntegerField()
-    won = Case(When(over, then=F("token") + 1), default=Value(0), output_field=big)
-    return {
-        "host": if_over(Value(identity.host), "host"),
-        "pid": if_over(Value(identity.pid), "pid"),
-        "instance": if_over(Value(identity.instance), "instance"),
-        "thread": if_over(Value(thread, output_field=BigIntegerField()), "thread"),
-        "acquired_at": if_over(DatabaseNow(), "acquired_at"),
-        "released_at": if_over(Value(None, output_field=DateTimeField()), "released_at"),
-        "token": _LastInsertId(won)
-        + Case(When(over, then=Value(0)), default=F("token"), output_field=big),
-        "expires_at": if_over(now_plus(ttl), "expires_at"),  # last: see above
-    }
+    def __init__(self) -> None:
+        over = _lease_over()
+        next_token = Case(
+            When(over, then=F("token") + 1), default=F("token"), output_field=BigIntegerField()
+        )
+        super().__init__(next_token)
 
 
 def _first_token(alias: str, name: str) -> int:

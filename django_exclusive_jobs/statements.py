@@ -50,6 +50,7 @@ class Compiled:
     returning: bool
     name_again: bool = False  # the name is bound once more at the end
     insert_id: bool = False  # MySQL: the one row returned is (the LAST_INSERT_ID() it set,)
+    or_holder: bool = False  # PostgreSQL: (won, *returning), with a row of NULLs when held
     converters: Converters = field(default_factory=dict)
     prepared: Prepared | None = None
 
@@ -91,10 +92,11 @@ def compile_update(
 ) -> Compiled | None:
     """Compile ``queryset.update(**values)`` once per shape; None if it cannot be reused.
 
-    On PostgreSQL the statement returns the ``returning`` columns of the changed row, and
-    with ``or_holder`` the current holder's row when it changed nothing, so a lost race
-    is decided in one round trip. With ``insert_id`` (MariaDB and MySQL, whose UPDATE
-    returns no rows) it returns the value the statement gave ``LAST_INSERT_ID()``.
+    On PostgreSQL, and SQLite from 3.35, the statement returns the ``returning`` columns
+    of the changed row. On PostgreSQL ``or_holder`` adds a row of NULLs when the row
+    exists but it changed nothing, so a lost race is told from a missing row in one round
+    trip. With ``insert_id`` (MariaDB and MySQL, whose UPDATE returns no rows) it returns
+    the value the statement gave ``LAST_INSERT_ID()``.
     """
     connection = connections[alias]
 
@@ -104,21 +106,35 @@ def compile_update(
         assert isinstance(query, UpdateQuery)
         query.add_update_values(values)
         sql, params = query.get_compiler(alias).as_sql()
-        wants_rows = bool(returning) and connection.vendor == "postgresql"
+        vendor = connection.vendor
+        wants_rows = bool(returning) and (
+            vendor == "postgresql"
+            or (vendor == "sqlite" and connection.features.can_return_columns_from_insert)
+        )
         name_again = False
+        holder_row = or_holder and vendor == "postgresql"
+        converters: Converters = {}
+        if wants_rows and vendor != "postgresql":
+            # SQLite returns times as text: convert them as the ORM's own read would.
+            model = queryset.model
+
+            def read() -> Any:
+                return model._default_manager.filter(name=NAME).values_list(*returning)
+
+            converters = _compile_select(alias, read)[2]
         if wants_rows:
             qn = connection.ops.quote_name
             columns = ", ".join(qn(column(queryset.model, name)) for name in returning)
             sql = f"{sql} RETURNING {columns}"
-            if or_holder:
+            if holder_row:
                 assert returning == ["token", "acquired_at", "expires_at"]
                 table = qn(queryset.model._meta.db_table)
-                holder = ", ".join(qn(name) for name in ("host", "pid", "instance"))
-                # The holder's row leaves out acquired_at: a losing server never reads it.
+                # A losing server learns only that the row exists: who holds it is read
+                # when somebody asks (LockHeld, run_exclusive's skip line).
                 sql = (
                     f"WITH taken AS ({sql}) "
-                    f"SELECT true, {columns}, NULL, NULL, NULL FROM taken UNION ALL "
-                    f"SELECT false, {qn('token')}, NULL, {qn('expires_at')}, {holder} "
+                    f"SELECT true, {columns} FROM taken UNION ALL "
+                    f"SELECT false, NULL, NULL, NULL "
                     f"FROM {table} WHERE {qn('name')} = %s AND NOT EXISTS (SELECT 1 FROM taken)"
                 )
                 name_again = True
@@ -132,7 +148,9 @@ def compile_update(
             wants_rows or insert_id,
             name_again,
             insert_id,
-            prepared=_preparable(connection.vendor, sql, params, slots, name_again),
+            holder_row,
+            converters,
+            _preparable(vendor, sql, params, slots, name_again),
         )
 
     return _cached((alias, connection.vendor, "update", *key), make)
@@ -250,8 +268,7 @@ def _convert(row: tuple[Any, ...], converters: Converters, connection: Any) -> t
 
 
 def _results(cursor: Any, compiled: Compiled) -> tuple[int, Rows]:
-    count = cursor.rowcount
     if compiled.insert_id:
-        return count, [(cursor.lastrowid,)]
+        return cursor.rowcount, [(cursor.lastrowid,)]
     rows = list(cursor.fetchall()) if compiled.returning else []
-    return count, rows
+    return cursor.rowcount, rows  # after the rows: SQLite counts a RETURNING's rows then

@@ -149,8 +149,8 @@ def test_a_table_altered_under_a_prepared_take_still_decides(pg: str) -> None:
             assert other.try_acquire("prep-held", ttl=60) is None
     table = "django_exclusive_jobs_joblock"
     with connections[pg].cursor() as cursor:
-        # The take returns pid: a new type changes its result and voids the plan.
-        cursor.execute(f"ALTER TABLE {table} ALTER COLUMN pid TYPE bigint")
+        # The take returns acquired_at: a new type changes its result and voids the plan.
+        cursor.execute(f"ALTER TABLE {table} ALTER COLUMN acquired_at TYPE timestamp")
     try:
         lock = try_acquire("prep", ttl=60, using=pg)
         assert lock is not None and lock.token == PREPARE_AFTER + 1
@@ -159,7 +159,7 @@ def test_a_table_altered_under_a_prepared_take_still_decides(pg: str) -> None:
     finally:
         held.release()
         with connections[pg].cursor() as cursor:
-            cursor.execute(f"ALTER TABLE {table} ALTER COLUMN pid TYPE integer")
+            cursor.execute(f"ALTER TABLE {table} ALTER COLUMN acquired_at TYPE timestamptz")
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def test_a_take_on_mariadb_is_one_statement(mysql: str, counted: list[str]) -> N
     assert (acquired_at, expires_at) == (saved.acquired_at, saved.expires_at)
     assert saved.expires_at - saved.acquired_at == dt.timedelta(seconds=60)
     with other_holder(mysql) as other:
-        assert other.try_acquire("prep", ttl=60) is None  # matched the row, won nothing
+        assert other.try_acquire("prep", ttl=60) is None
         assert row(mysql, "prep").token == 2 and row(mysql, "prep").instance == identity.instance
     assert lock.release()
 
@@ -217,7 +217,7 @@ def test_a_lost_take_on_mariadb_names_the_holder_only_when_asked(mysql: str) -> 
 
 @on_mysql
 def test_without_found_rows_a_held_lock_is_still_held(mysql: str) -> None:
-    """A project that sets its own client_flag: a held row then counts 0, not 1."""
+    """A project that sets its own client_flag: rows changed are counted, not matched."""
     options = connections[mysql].settings_dict["OPTIONS"]
     connections[mysql].close()
     options["client_flag"] = 0
@@ -336,3 +336,31 @@ def test_lock_statements_on_mariadb_need_no_cursor(
         assert other.try_acquire("prep", ttl=60) is None
         assert held.release()
     assert made == []
+
+
+on_sqlite = pytest.mark.parametrize("alias", ["sqlite"], indirect=True)
+
+
+@on_sqlite
+def test_a_take_on_sqlite_returns_its_row(alias: str) -> None:
+    if not connections[alias].features.can_return_columns_from_insert:
+        pytest.skip("SQLite before 3.35 has no RETURNING")
+    cycle(alias)  # the row exists now
+    sent: list[str] = []
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections[alias].execute_wrapper(count):
+        lock = try_acquire("prep", ttl=60, using=alias)
+        assert lock is not None and lock.token == 2
+        assert len(sent) == 1 and "RETURNING" in sent[0]
+        lock.renew()
+        assert len(sent) == 2 and "RETURNING" in sent[1]
+    saved = row(alias, "prep")
+    assert (lock.acquired_at, lock.expires_at) == (saved.acquired_at, saved.expires_at)
+    assert lock.acquired_at is not None and lock.acquired_at.tzinfo is not None
+    with other_holder(alias) as other:
+        assert other.try_acquire("prep", ttl=60) is None
+    assert lock.release()
