@@ -6,7 +6,6 @@ import datetime as dt
 from typing import Any
 
 from django.conf import settings
-from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # How long a lease lasts before another server may take the lock over.
@@ -35,33 +34,18 @@ DEFAULTS: dict[str, Any] = {
 
 
 class _Settings:
-    """Lazy view of ``settings.EXCLUSIVE_JOBS`` merged over :data:`DEFAULTS`.
-
-    The merged values are kept until Django says the setting changed
-    (``override_settings`` and pytest-django's ``settings`` do), so the lock's hot path
-    does not go through the settings object at every call.
-    """
-
-    def __init__(self) -> None:
-        self._merged: dict[str, Any] | None = None
+    """Lazy view of ``settings.EXCLUSIVE_JOBS`` merged over :data:`DEFAULTS`."""
 
     def user_settings(self) -> Any:
         return getattr(settings, "EXCLUSIVE_JOBS", {})
 
     def __getattr__(self, key: str) -> Any:
-        merged = self._merged
-        if merged is None:
-            user = self.user_settings()
-            merged = {**DEFAULTS, **user} if isinstance(user, dict) else dict(DEFAULTS)
-            self._merged = merged
         if key not in DEFAULTS:
             raise AttributeError(key)
-        return merged[key]
-
-    def reload(self, **kwargs: Any) -> None:
-        if kwargs.get("setting") in (None, "EXCLUSIVE_JOBS"):
-            self._merged = None
+        user = self.user_settings()
+        if isinstance(user, dict) and key in user:
+            return user[key]
+        return DEFAULTS[key]
 
 
 app_settings = _Settings()
-setting_changed.connect(app_settings.reload, dispatch_uid="django_exclusive_jobs.conf")

@@ -422,10 +422,11 @@ class Lock:
             ),
         )
         acquired_at, expires_at = found or (None, None)
-        if self._acquired_at is UNREAD:
-            self._acquired_at = acquired_at
-        if self._expires_at is UNREAD:
-            self._expires_at = expires_at
+        with self._mutex:  # a renewal that landed meanwhile keeps its newer expiry
+            if self._acquired_at is UNREAD:
+                self._acquired_at = acquired_at
+            if self._expires_at is UNREAD:
+                self._expires_at = expires_at
 
     # state -----------------------------------------------------------------------
 
@@ -538,7 +539,7 @@ class Lock:
         with self._mutex:
             renewed_in_time = self._state == _HELD
             if renewed_in_time:
-                self.expires_at = expires_at
+                self._expires_at = expires_at
                 self._deadline = started + self.ttl.total_seconds()
         if not renewed_in_time:
             # The watchdog gave up while this renewal was on its way and the job was

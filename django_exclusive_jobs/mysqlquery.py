@@ -18,6 +18,8 @@ from typing import Any
 
 Rows = list[tuple[Any, ...]]
 _PLACEHOLDER = re.compile(r"%%|%s")
+_CLIENT_ERRORS = 2000  # MySQL's client library numbers its own errors from here
+_MAX_TEMPLATES = 256
 
 
 class _Session:
@@ -60,6 +62,8 @@ def run(
     key = (sql, constants)
     template = state.templates.get(key)
     if template is None:
+        if len(state.templates) >= _MAX_TEMPLATES:  # a ttl that changes at every call
+            state.templates.clear()
         template = state.templates[key] = _render(raw, sql, constants, varying, len(params))
     pieces, slots = template
     parts = list(pieces)
@@ -76,14 +80,26 @@ def run(
         rows = [(raw.insert_id(),)] if insert_id else _rows(raw.store_result())
         while raw.next_result() == 0:
             rows = _rows(raw.store_result())
+    except connection.Database.Error as exc:
+        # The server's own errors (a deadlock, a lock wait timeout, a missing table)
+        # leave the connection in step: it stays open for the caller to retry or to
+        # ask what went wrong. Client errors (2000 and up) mean it is not.
+        code = exc.args[0] if exc.args else None
+        if not isinstance(code, int) or code >= _CLIENT_ERRORS:
+            _close(raw)
+        raise
     except BaseException:
-        # A failure half-way through a request may leave results unread: the
-        # connection is out of step, so close it (Django opens a new one).
-        if raw.open:
-            with suppress(Exception):
-                raw.close()
+        # Interrupted half-way through a request: results may be left unread and the
+        # connection out of step, so close it (Django opens a new one).
+        _close(raw)
         raise
     return count, rows
+
+
+def _close(raw: Any) -> None:
+    if raw.open:
+        with suppress(Exception):
+            raw.close()
 
 
 def _rows(result: Any) -> Rows:

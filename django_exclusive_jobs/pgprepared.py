@@ -59,6 +59,7 @@ _PLACEHOLDER = re.compile(r"%%|%s")
 # one), or its result shape changed under it (a migration altered the table).
 _MISSING = {"26000", "0A000"}
 _ALREADY_THERE = "42P05"
+_MAX_CONSTANTS = 256
 
 Rows = list[tuple[Any, ...]]
 
@@ -107,12 +108,17 @@ class _Session:
         self.uses: dict[str, int] = {}
         self.ready: set[str] = set()
         self.misses = 0
-        self.constants: dict[tuple[Any, ...], list[bytes | None]] = {}
+        self.constants: dict[tuple[str, tuple[Any, ...]], list[bytes | None]] = {}
         self.loaders: dict[int, Callable[[bytes], Any]] = {}
-        # The time zone the connection's timestamptz loader was made for. When settings
-        # change after connecting, Django's cursors get a loader of their own; then the
-        # statement runs plainly on one of them.
+        # The time zone the connection's timestamptz loader was made for, and the
+        # session's TimeZone when the loaders were made. When either changes after
+        # connecting (settings changed), Django's cursors read times their own way:
+        # then the statement runs plainly on one of them.
         self.timezone = _loader_timezone(raw)
+        self.session_zone = raw.info.parameter_status("TimeZone")
+        # Text is encoded as psycopg's own str dumper does (UTF-8 for SQL_ASCII).
+        encoding = raw.info.encoding
+        self.encoding = "utf-8" if encoding == "ascii" else encoding
 
 
 def session(connection: Any) -> _Session:
@@ -155,7 +161,11 @@ def run(
     ):
         return None
     state = session(connection)
-    if state.misses >= MAX_MISSES or state.timezone != connection.timezone:
+    if (
+        state.misses >= MAX_MISSES
+        or state.timezone != connection.timezone
+        or state.session_zone != raw.info.parameter_status("TimeZone")
+    ):
         return None
     name = prepared.name.encode()
     if prepared.name not in state.ready:
@@ -166,7 +176,8 @@ def run(
             raw, lambda pg: pg.send_prepare(name, prepared.body.encode(), prepared.types)
         )
         if _failed(result) and _sqlstate(result) != _ALREADY_THERE:  # same name, same statement
-            state.misses = MAX_MISSES  # the server will not prepare: stop asking
+            state.uses[prepared.name] = 0  # say, a table not migrated yet: try again later
+            state.misses += 1
             return None
         state.ready.add(prepared.name)
     args = _arguments(raw, state, prepared, constants, params)
@@ -202,11 +213,14 @@ def _arguments(
     raw: Any, state: _Session, prepared: Prepared, constants: tuple[Any, ...], params: list[Any]
 ) -> list[Any]:
     """The parameters as text: constants encoded once per session, the rest at each call."""
-    encoded = state.constants.get(constants)
+    key = (prepared.name, constants)  # the name fixes the types: 1 and True differ
+    encoded = state.constants.get(key)
     if encoded is None:
-        encoded = state.constants[constants] = [_dump(raw, param) for param in params]
+        if len(state.constants) >= _MAX_CONSTANTS:  # a ttl that changes at every call
+            state.constants.clear()
+        encoded = state.constants[key] = [_dump(raw, param) for param in params]
     args = list(encoded)
-    encoding = raw.info.encoding
+    encoding = state.encoding
     for index in prepared.varying:
         value = params[index]
         args[index] = value.encode(encoding) if isinstance(value, str) else b"%d" % value
@@ -219,7 +233,8 @@ def _dump(raw: Any, value: Any) -> bytes:
     from psycopg.adapt import PyFormat
 
     dumper = raw.adapters.get_dumper(type(value), PyFormat.TEXT)(type(value), raw)
-    return bytes(dumper.dump(value))
+    dumped = dumper.upgrade(value, PyFormat.TEXT).dump(value)  # a plain int picks its size
+    return b"" if dumped is None else bytes(dumped)
 
 
 def _loader(connection: Any, state: _Session, oid: int) -> Callable[[bytes], Any]:
@@ -248,8 +263,8 @@ def _exchange(raw: Any, send: Callable[[Any], None]) -> Any:
     """
     pgconn = raw.pgconn
     with raw.lock:
-        send(pgconn)
         try:
+            send(pgconn)
             while pgconn.flush():
                 if _wait(pgconn.socket, writing=True):
                     pgconn.consume_input()
@@ -307,13 +322,7 @@ def _sqlstate(result: Any) -> str | None:
 
 
 def _error(raw: Any, result: Any) -> Exception:
-    """The psycopg exception psycopg would raise for this result."""
+    """The exception psycopg itself raises for this result (class, message, diag)."""
     from psycopg import errors
 
-    sqlstate = _sqlstate(result) or ""
-    try:
-        error_class = errors.lookup(sqlstate)
-    except KeyError:
-        error_class = raw.DatabaseError
-    message = result.error_message.decode(raw.info.encoding, "replace").strip()
-    return error_class(message)
+    return errors.error_from_result(result, encoding=raw.info.encoding)

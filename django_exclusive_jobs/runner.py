@@ -246,7 +246,11 @@ class JobRunner:
 
         runs = JobRun.objects.using(lock.using)
         self._close_abandoned_runs(lock)
-        if self.schedule is not None and lock.acquired_at is not None:
+        if self.schedule is not None:
+            if lock.acquired_at is None:
+                # Read from the row on MariaDB/MySQL: gone means another holder has it.
+                lock.ensure_held()
+                raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
             self.slot = self.schedule.slot_at(lock.acquired_at)
         holder = {
             "status": RunStatus.RUNNING,

@@ -364,3 +364,137 @@ def test_a_take_on_sqlite_returns_its_row(alias: str) -> None:
     with other_holder(alias) as other:
         assert other.try_acquire("prep", ttl=60) is None
     assert lock.release()
+
+
+def _blocker(alias: str) -> Any:
+    """A second MariaDB connection of our own, in a transaction, to hold row locks."""
+    import MySQLdb
+
+    settings = connections[alias].settings_dict
+    blocker = MySQLdb.connect(
+        host=settings["HOST"],
+        port=int(settings["PORT"]),
+        user=settings["USER"],
+        password=settings["PASSWORD"],
+        database=settings["NAME"],
+    )
+    blocker.autocommit(False)
+    return blocker
+
+
+@on_mysql
+def test_a_lock_wait_timeout_is_retried_on_the_same_connection(
+    mysql: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server error leaves the connection in step: it is contention, not an outage."""
+    import logging
+
+    from django_exclusive_jobs import LockDatabaseError
+
+    cycle(mysql)  # compiled and rendered: the next take goes without a cursor
+    blocker = _blocker(mysql)
+    try:
+        blocker.cursor().execute(
+            "SELECT 1 FROM django_exclusive_jobs_joblock WHERE name = 'prep' FOR UPDATE"
+        )
+        with connections[mysql].cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
+        with (
+            override_settings(EXCLUSIVE_JOBS={"SQLITE_BUSY_TIMEOUT": "1.5s"}),
+            caplog.at_level(logging.INFO, logger="django_exclusive_jobs"),
+            pytest.raises(LockDatabaseError, match="Lock wait timeout"),
+        ):
+            try_acquire("prep", ttl=60, using=mysql)
+        assert "reconnecting" not in caplog.text  # busy retries, on the same connection
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert cycle(mysql) == [2]
+
+
+@on_mysql
+def test_a_missing_table_on_the_fast_path_says_to_migrate(mysql: str) -> None:
+    from django_exclusive_jobs import LockConfigurationError
+
+    cycle(mysql)
+    table = "django_exclusive_jobs_joblock"
+    with connections[mysql].cursor() as cursor:
+        cursor.execute(f"RENAME TABLE {table} TO {table}_away")
+    try:
+        with pytest.raises(LockConfigurationError, match="migrate"):
+            try_acquire("prep", ttl=60, using=mysql)
+    finally:
+        with connections[mysql].cursor() as cursor:
+            cursor.execute(f"RENAME TABLE {table}_away TO {table}")
+    assert cycle(mysql) == [2]
+
+
+@on_mysql
+def test_the_three_answers_of_a_take_on_the_fast_path(
+    mysql: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No execute_wrapper here: the statements go through mysqlquery.run, counted."""
+    from django_exclusive_jobs import mysqlquery
+
+    sent: list[str] = []
+    run = mysqlquery.run
+
+    def counted(connection: Any, sql: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(sql)
+        return run(connection, sql, *args, **kwargs)
+
+    monkeypatch.setattr(mysqlquery, "run", counted)
+    lock = try_acquire("prep", ttl=60, using=mysql)  # no row: the take, then get_or_create
+    assert lock is not None and lock.token == 1 and len(sent) == 1
+    assert lock.release()
+    sent.clear()
+    lock = try_acquire("prep", ttl=60, using=mysql)  # taken: one statement
+    assert lock is not None and lock.token == 2 and len(sent) == 1
+    with other_holder(mysql) as other:
+        assert other.try_acquire("prep", ttl=60) is None
+    sent.clear()
+    held = threading_other_try(mysql)  # held: one statement, from another thread
+    assert held is None and len(sent) == 1
+    assert lock.release()
+
+
+def threading_other_try(alias: str) -> Any:
+    """try_acquire from a second thread of this process (its own connection, not reentrant)."""
+    import threading
+
+    from django.db import connections as all_connections
+
+    found: list[Any] = []
+
+    def attempt() -> None:
+        try:
+            found.append(try_acquire("prep", ttl=60, using=alias))
+        finally:
+            all_connections.close_all()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join(30)
+    return found[0]
+
+
+@on_mysql
+def test_a_scheduled_run_whose_lock_was_taken_over_before_its_slot_is_lost(mysql: str) -> None:
+    """Its slot comes from acquired_at, read from the row; a new holder's row has none."""
+    from django_exclusive_jobs import LockLost
+    from django_exclusive_jobs.runner import JobRunner
+    from django_exclusive_jobs.schedules import Every
+
+    cycle(mysql)  # the row exists, so the next take is the UPDATE: times not read yet
+    lock = try_acquire("prep", ttl=60, using=mysql)
+    assert lock is not None and lock.token == 2
+    expire_now(mysql, "prep")
+    with other_holder(mysql) as other:
+        assert other.try_acquire("prep", ttl=60) == 3
+        runner = JobRunner("prep", using=mysql, schedule=Every(dt.timedelta(minutes=5)))
+        with pytest.raises(LockLost):
+            runner._claim_run(lock)
+        assert runner.slot is None
+    from django_exclusive_jobs.models import JobRun
+
+    assert not JobRun.objects.using(mysql).filter(name="prep").exists()
