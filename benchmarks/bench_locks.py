@@ -72,8 +72,14 @@ def ours_kinds(config: dict[str, Any]) -> list[str]:
     return ["ours", "ours-prepared"] if config["ENGINE"].endswith("postgresql") else ["ours"]
 
 
+def baseline_kinds(config: dict[str, Any]) -> list[str]:
+    """The floor and the naive lock, and on the servers this app's SQL sent like the floor."""
+    server = not config["ENGINE"].endswith("sqlite3")
+    return ["ours-sql", "floor", "naive"] if server else ["floor", "naive"]
+
+
 def alias_of(kind: str) -> str:
-    return PREPARED if kind == "ours-prepared" else "default"
+    return PREPARED if kind == "ours-prepared" else "default"  # ours-sql warms up on default
 
 
 def setup_django(config: dict[str, Any]) -> None:
@@ -186,6 +192,50 @@ class Floor:
         self.execute(self.sql["free"], [name, self.holder])
 
 
+class OursSql(Floor):
+    """This app's own take and release statements, sent by the raw driver like the floor's.
+
+    What the lock's SQL costs on the server without Django and the lock's Python around
+    it (on MariaDB in READ COMMITTED, as Django's connection runs). The statements are
+    the ones the app compiled in this process, so a lock must have been taken first.
+    """
+
+    def __init__(self, config: dict[str, Any], holder: str) -> None:
+        from django_exclusive_jobs import statements
+
+        super().__init__(config, holder)
+        compiled = {key[3]: value for key, value in statements._compiled.items()}
+        self.take_sql = compiled.get("take") or compiled["take-mysql"]
+        self.free_sql = compiled["release"]
+        self.token = 0
+        if self.is_mysql:
+            self.connection.query(b"SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    def run(self, compiled: Any, **values: Any) -> tuple[int, list[Any]]:
+        cursor = self.connection.cursor()
+        params = compiled.bind(**values)
+        if self.is_mysql:
+            count = cursor.execute(compiled.sql, params)
+            rows = [(self.connection.insert_id(),)]
+        else:
+            cursor.execute(compiled.sql, params, prepare=True)
+            count, rows = cursor.rowcount, cursor.fetchall() if cursor.description else []
+        cursor.close()
+        return int(count), rows
+
+    def take(self, name: str) -> bool:
+        count, rows = self.run(self.take_sql, name=name, thread=1)
+        if self.is_mysql:
+            self.token = rows[0][0]
+            return count == 1
+        won = bool(rows) and rows[0][0]
+        self.token = rows[0][1] if won else 0
+        return bool(won)
+
+    def free(self, name: str) -> None:
+        self.run(self.free_sql, name=name, token=self.token)
+
+
 class Naive(Floor):
     """INSERT to take, DELETE to free: the duplicate key decides."""
 
@@ -250,14 +300,16 @@ def uncontended(config: dict[str, Any], iterations: int) -> dict[str, dict[str, 
     from django_exclusive_jobs import try_acquire
 
     reset(config, ["bench"])
-    order = [*ours_kinds(config), "floor", "naive"]
+    order = [*ours_kinds(config), *baseline_kinds(config)]
     results: dict[str, list[float]] = {kind: [] for kind in order}
-    floor, naive = Floor(config, "me"), Naive(config, "me")
     for _ in range(iterations // 10):  # warm-up
         for kind in ours_kinds(config):
             lock = try_acquire("bench", ttl=60, using=alias_of(kind))
             assert lock is not None
             lock.release()
+    tools: dict[str, Floor] = {"floor": Floor(config, "me"), "naive": Naive(config, "me")}
+    if "ours-sql" in order:
+        tools["ours-sql"] = OursSql(config, "me")
     for number in range(iterations * len(order) // 3):
         kind = order[number % len(order)]
         started = time.perf_counter()
@@ -266,7 +318,7 @@ def uncontended(config: dict[str, Any], iterations: int) -> dict[str, dict[str, 
             assert lock is not None
             lock.release()
         else:
-            tool = floor if kind == "floor" else naive
+            tool = tools[kind]
             assert tool.take("bench")
             tool.free("bench")
         results[kind].append(time.perf_counter() - started)
@@ -297,6 +349,8 @@ def contender(
         warm = try_acquire(f"warm-up-{worker}", ttl=60, using=alias_of(kind))
         assert warm is not None
         warm.release()
+        if kind == "ours-sql":
+            tool = OursSql(config, f"w{worker}")
     timings: list[float] = []
     wins: list[int] = []
     try:
@@ -626,7 +680,7 @@ def main() -> None:
         rounds = max(10, args.rounds * 10 // processes)
         rows = {
             kind: contended(config, kind, processes, rounds)
-            for kind in (*ours_kinds(config), "floor", "naive")
+            for kind in (*ours_kinds(config), *baseline_kinds(config))
         }
         for kind, row in rows.items():
             ratio = row["p50"] / rows["floor"]["p50"]
