@@ -350,6 +350,7 @@ def contender(
         assert warm is not None
         warm.release()
         if kind == "ours-sql":
+            connections.close_all()  # one connection per worker, as for the floor
             tool = OursSql(config, f"w{worker}")
     timings: list[float] = []
     wins: list[int] = []
