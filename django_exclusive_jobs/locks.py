@@ -410,12 +410,12 @@ class Lock:
         self._expires_at = value
 
     def _read_times(self) -> None:
-        from .models import JobLock
+        model = _lock_model()
 
         found = run_statement(
             self.using,
             lambda: (
-                JobLock.objects.using(self.using)
+                model.objects.using(self.using)
                 .filter(name=self.name, token=self.token)
                 .values_list("acquired_at", "expires_at")
                 .first()
@@ -959,12 +959,12 @@ def _acquire(
 
 def _describe_holder(alias: str, name: str) -> Holder:
     """Who holds ``name`` now (for a take that only learnt that somebody does)."""
-    from .models import JobLock
+    model = _lock_model()
 
     found = run_statement(
         alias,
         lambda: (
-            JobLock.objects.using(alias)
+            model.objects.using(alias)
             .filter(name=name)
             .values_list("host", "pid", "instance", "expires_at")
             .first()

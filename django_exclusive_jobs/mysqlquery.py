@@ -11,31 +11,24 @@ connection gives its cursors.
 
 from __future__ import annotations
 
-import re
-import weakref
 from contextlib import suppress
 from typing import Any
 
+from .sessions import PLACEHOLDER, SessionState
+
 Rows = list[tuple[Any, ...]]
-_PLACEHOLDER = re.compile(r"%%|%s")
 _CLIENT_ERRORS = 2000  # MySQL's client library numbers its own errors from here
 _MAX_TEMPLATES = 256
 
 
-class _Session:
+class _Session(SessionState):
     """The statements rendered for one database session."""
 
+    attribute = "_exclusive_jobs_mysql"
+
     def __init__(self, raw: Any) -> None:
-        self.raw = weakref.ref(raw)
+        super().__init__(raw)
         self.templates: dict[tuple[str, tuple[Any, ...]], tuple[list[bytes], list[int]]] = {}
-
-
-def _session(connection: Any) -> _Session:
-    state: _Session | None = getattr(connection, "_exclusive_jobs_mysql", None)
-    if state is None or state.raw() is not connection.connection:
-        state = _Session(connection.connection)
-        connection._exclusive_jobs_mysql = state
-    return state
 
 
 def usable(connection: Any) -> bool:
@@ -58,7 +51,7 @@ def run(
     the rows are one row holding the value the statement gave ``LAST_INSERT_ID()``.
     """
     raw = connection.connection
-    state = _session(connection)
+    state = _Session.of(connection)
     key = (sql, constants)
     template = state.templates.get(key)
     if template is None:
@@ -114,7 +107,7 @@ def _render(
     slots: list[int] = []
     bound = iter(range(count))
     position = 0
-    for match in _PLACEHOLDER.finditer(sql):
+    for match in PLACEHOLDER.finditer(sql):
         pieces.append(sql[position : match.start()].encode(raw.encoding))
         position = match.end()
         if match.group() == "%%":

@@ -25,15 +25,14 @@ text, results read with the loaders Django configured on the connection.
 from __future__ import annotations
 
 import hashlib
-import re
 import select
-import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from .conf import app_settings
+from .sessions import PLACEHOLDER, SessionState
 
 # How often a statement runs on one connection before it is prepared (a process that
 # takes one lock and exits never pays for a Parse), and how often a prepared statement may
@@ -54,7 +53,6 @@ _PG_TYPES = {
     "datetime": ("timestamp with time zone", 1184),
 }
 _TIMESTAMPTZ = 1184
-_PLACEHOLDER = re.compile(r"%%|%s")
 # The server does not have the statement (a new session, or a pooler sent us to another
 # one), or its result shape changed under it (a migration altered the table).
 _MISSING = {"26000", "0A000"}
@@ -91,7 +89,7 @@ def preparable(
     if name_again:
         types.append(types[name_at])
     numbers = iter(range(1, len(types) + 1))
-    body = _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else f"${next(numbers, 0)}", sql)
+    body = PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else f"${next(numbers, 0)}", sql)
     if next(numbers, None) is not None or "$0" in body:
         return None
     text = f"({', '.join(sql_type for sql_type, _ in types)}) AS {body}"
@@ -100,11 +98,13 @@ def preparable(
     return Prepared(name, body, tuple(oid for _, oid in types), varying, again)
 
 
-class _Session:
+class _Session(SessionState):
     """What one database session has prepared, and the encoders and loaders it uses."""
 
+    attribute = "_exclusive_jobs_prepared"
+
     def __init__(self, raw: Any) -> None:
-        self.raw = weakref.ref(raw)
+        super().__init__(raw)
         self.uses: dict[str, int] = {}
         self.ready: set[str] = set()
         self.misses = 0
@@ -123,11 +123,7 @@ class _Session:
 
 def session(connection: Any) -> _Session:
     """This connection's session state (new whenever Django opened a new connection)."""
-    state: _Session | None = getattr(connection, "_exclusive_jobs_prepared", None)
-    if state is None or state.raw() is not connection.connection:
-        state = _Session(connection.connection)
-        connection._exclusive_jobs_prepared = state
-    return state
+    return _Session.of(connection)
 
 
 def _loader_timezone(raw: Any) -> Any:

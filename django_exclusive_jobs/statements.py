@@ -16,6 +16,7 @@ Two more savings, each used only where it cannot change what a statement does:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,11 @@ class Compiled:
     or_holder: bool = False  # PostgreSQL: (won, *returning), with a row of NULLs when held
     converters: Converters = field(default_factory=dict)
     prepared: Prepared | None = None
+
+    @functools.cached_property
+    def varying(self) -> tuple[int, ...]:
+        """The positions of the name, token and thread among the parameters, in order."""
+        return _varying(self.slots)
 
     def bind(self, **values: Any) -> list[Any]:
         params = list(self.params)
@@ -207,8 +213,11 @@ def _same(param: Any, placeholder: Any) -> bool:
 def _preparable(
     vendor: str, sql: str, params: Any, slots: dict[Any, int], name_again: bool
 ) -> Prepared | None:
-    varying = tuple(sorted(slots.values()))
-    return pgprepared.preparable(vendor, sql, params, varying, slots[NAME], name_again)
+    return pgprepared.preparable(vendor, sql, params, _varying(slots), slots[NAME], name_again)
+
+
+def _varying(slots: dict[Any, int]) -> tuple[int, ...]:
+    return tuple(sorted(slots.values()))
 
 
 # --- running --------------------------------------------------------------------------
@@ -241,9 +250,13 @@ def run_compiled(
                     connection, compiled.prepared, compiled.params, params, compiled.returning
                 )
             elif mysqlquery.usable(connection):
-                varying = tuple(sorted(compiled.slots.values()))
                 done = mysqlquery.run(
-                    connection, compiled.sql, compiled.params, varying, params, compiled.insert_id
+                    connection,
+                    compiled.sql,
+                    compiled.params,
+                    compiled.varying,
+                    params,
+                    compiled.insert_id,
                 )
             if done is None:
                 cursor = connection.create_cursor()
