@@ -27,8 +27,9 @@ DEFAULTS: dict[str, Any] = {
     # How long to keep retrying when SQLite says "database is locked" (and a MariaDB or
     # MySQL statement picked as a deadlock victim or timed out waiting for a row lock).
     "SQLITE_BUSY_TIMEOUT": dt.timedelta(seconds=30),
-    # PostgreSQL: make the lock's statements prepared statements once a connection has
+    # Make the lock's statements prepared statements once a connection has
     # run them a few times, so the server stops planning them on every call.
+    # MariaDB and MySQL prepare them too (PREPARE ... FROM, then EXECUTE).
     "PREPARE_STATEMENTS": True,
 }
 
@@ -38,6 +39,11 @@ class _Settings:
 
     def user_settings(self) -> Any:
         return getattr(settings, "EXCLUSIVE_JOBS", {})
+
+    def current(self) -> dict[str, Any]:
+        """Every setting at once, from one read of ``settings.EXCLUSIVE_JOBS``."""
+        user = self.user_settings()
+        return {**DEFAULTS, **user} if isinstance(user, dict) else DEFAULTS
 
     def __getattr__(self, key: str) -> Any:
         if key not in DEFAULTS:

@@ -127,17 +127,40 @@ def _parsed(value: DurationLike, what: str) -> dt.timedelta:
 
 
 def validate_timing(
-    ttl: DurationLike | None, min_hold: DurationLike | None, *, use_settings: bool = True
+    ttl: DurationLike | None,
+    min_hold: DurationLike | None,
+    *,
+    use_settings: bool = True,
+    current: dict[str, Any] | None = None,
 ) -> tuple[dt.timedelta, dt.timedelta]:
     """Check ``ttl`` and ``min_hold``; with ``use_settings`` fill gaps from EXCLUSIVE_JOBS.
 
     Without it only the values given are checked (used at import time, before the
-    system checks have looked at the settings).
+    system checks have looked at the settings). ``current`` is the settings already read.
     """
+    defaults: tuple[Any, Any] = (None, None)
+    if use_settings:
+        settings_now = app_settings.current() if current is None else current
+        defaults = (settings_now["TTL"], settings_now["MIN_HOLD"])
+    try:
+        return _timing(ttl, min_hold, use_settings, *defaults)
+    except TypeError:  # an unhashable value: check it without the cache (and fail clearly)
+        return _timing.__wrapped__(ttl, min_hold, use_settings, *defaults)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _timing(
+    ttl: DurationLike | None,
+    min_hold: DurationLike | None,
+    use_settings: bool,
+    default_ttl: Any,
+    default_hold: Any,
+) -> tuple[dt.timedelta, dt.timedelta]:
+    """The checked (ttl, min_hold), the defaults filling gaps when settings are used."""
     if not use_settings and ttl is None:
         ttl_delta = dt.timedelta.max
     else:
-        ttl_delta = _duration(ttl, app_settings.TTL, "ttl")
+        ttl_delta = _duration(ttl, default_ttl, "ttl")
     if ttl_delta <= dt.timedelta(0):
         raise LockConfigurationError(f"ttl must be positive, got {ttl_delta.total_seconds():g}s.")
     if ttl_delta < MIN_TTL:
@@ -147,7 +170,7 @@ def validate_timing(
         )
     if not use_settings and min_hold is None:
         return ttl_delta, dt.timedelta(0)
-    hold = _duration(min_hold, app_settings.MIN_HOLD, "min_hold")
+    hold = _duration(min_hold, default_hold, "min_hold")
     if hold < dt.timedelta(0):
         raise LockConfigurationError(
             f"min_hold must not be negative, got {hold.total_seconds():g}s."
@@ -173,11 +196,15 @@ def _lock_model() -> type[JobLock]:
 _JobLock: type[JobLock] | None = None
 
 
-def resolve_alias(using: str | None) -> str:
-    """The database alias for the lock table: argument, setting, then routers."""
+def resolve_alias(using: str | None, current: dict[str, Any] | None = None) -> str:
+    """The database alias for the lock table: argument, setting, then routers.
+
+    ``current`` is the settings already read (``app_settings.current()``).
+    """
     alias = using
     if alias is None:
-        alias = app_settings.DATABASE or router.db_for_write(_lock_model())
+        database = app_settings.DATABASE if current is None else current["DATABASE"]
+        alias = database or router.db_for_write(_lock_model())
     if not isinstance(alias, str) or alias not in connections.settings:
         known = ", ".join(sorted(connections.settings))
         raise LockConfigurationError(
@@ -186,8 +213,10 @@ def resolve_alias(using: str | None) -> str:
     return alias
 
 
-def check_outside_transaction(alias: str) -> None:
-    connection = connections[alias]
+def check_outside_transaction(alias: str, connection: Any = None) -> None:
+    """Refuse to lock inside a transaction; ``connection`` is ``connections[alias]``."""
+    if connection is None:
+        connection = connections[alias]
     try:
         autocommit = connection.get_autocommit()
     except DatabaseError as exc:
@@ -721,8 +750,10 @@ _AFTER_TAKE = (
 )
 
 
-def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> Lock | Holder:
-    """One decision: a Lock if we won, else who holds it."""
+def _attempt(
+    name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta, connection: Any
+) -> Lock | Holder:
+    """One decision: a Lock if we won, else who holds it (``connection``: the alias's)."""
     model = _lock_model()
 
     started = time.monotonic()
@@ -755,7 +786,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
     def after_take() -> Any:
         return rows().filter(name=NAME).values_list(*_AFTER_TAKE)
 
-    if connections[alias].vendor == "mysql":
+    if connection.vendor == "mysql":
         compiled = compile_update(
             alias,
             ("take-mysql", ttl, identity.instance),
@@ -765,6 +796,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             ),
             [],
             insert_id=True,
+            connection=connection,
         )
     else:
         compiled = compile_update(
@@ -773,6 +805,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             lambda: (rows().filter(_lease_over(), name=NAME), take_values(THREAD)),
             ["token", "acquired_at", "expires_at"],
             or_holder=True,
+            connection=connection,
         )
 
     tries = 0
@@ -802,7 +835,7 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             count = rows().filter(_lease_over(), name=name).update(**take_values(thread))
             row = after_take().first()
         else:
-            count, returned = run_compiled(alias, compiled, name=name, thread=thread)
+            count, returned = run_compiled(alias, compiled, connection, name=name, thread=thread)
             if compiled.insert_id:
                 # MariaDB/MySQL: the new token if this UPDATE took the row, the
                 # holder's if it is held, 0 if there is no row (see _TokenToLastInsertId).
@@ -823,11 +856,11 @@ def _attempt(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -
             if returned:  # SQLite 3.35+: our new row; none when held or missing
                 return ours(*returned[0])
             # SQLite: read the row (held, missing, or before 3.35 whether we took it).
-            read = compile_select(alias, ("after-take",), after_take)
+            read = compile_select(alias, ("after-take",), after_take, connection)
             if read is None:  # pragma: no cover - only if the ORM's SQL changes shape
                 row = after_take().first()
             else:
-                returned = run_compiled(alias, read, name=name)[1]
+                returned = run_compiled(alias, read, connection, name=name)[1]
                 row = returned[0] if returned else None
         if row is None:
             return None
@@ -912,14 +945,16 @@ def _acquire(
     describe: bool = True,
 ) -> Lock | Holder:
     checked_name = validate_name(name)
-    ttl_delta, hold = validate_timing(ttl, min_hold)
+    current = app_settings.current()
+    ttl_delta, hold = validate_timing(ttl, min_hold, current=current)
     wait_seconds = 0.0
     if wait is not None:
         wait_seconds = _duration(wait, None, "wait").total_seconds()
         if wait_seconds < 0:
             raise LockConfigurationError(f"wait must not be negative, got {wait_seconds:g}s.")
-    alias = resolve_alias(using)
-    check_outside_transaction(alias)
+    alias = resolve_alias(using, current)
+    connection = connections[alias]
+    check_outside_transaction(alias, connection)
 
     outer = _held_here().get((alias, checked_name))
     if outer is not None and outer.held:
@@ -943,7 +978,7 @@ def _acquire(
     deadline = time.monotonic() + wait_seconds
     delay = 0.05
     while True:
-        result = _attempt(checked_name, alias, ttl_delta, hold)
+        result = _attempt(checked_name, alias, ttl_delta, hold, connection)
         if isinstance(result, Lock):
             _held_here()[(alias, checked_name)] = result
             logger.debug("acquired %s token=%s owner=%s", result.name, result.token, result.owner)

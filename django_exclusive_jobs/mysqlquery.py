@@ -7,28 +7,62 @@ session with the other values already quoted by the driver, and each call quotes
 what varies and sends the query through mysqlclient's connection (``query``,
 ``store_result``, ``next_result``). Rows are converted by the same converters the
 connection gives its cursors.
+
+Once a session has sent one statement a few times, it is prepared on the server
+(``PREPARE name FROM '...'``, the SQL form, as mysqlclient has no binary protocol) and
+then sent as ``EXECUTE name USING <the varying values>``: the server parses the short
+``EXECUTE`` instead of the whole statement. With many servers on few cores that parsing
+is what they queue for. The name is a hash of the prepared text, so a name on a session
+always means this very statement. A statement the session no longer has (the server
+said "unknown prepared statement") runs as text and is prepared again; after a few such
+misses on one connection it stops preparing there. Each session prepares at most
+``MAX_PREPARED`` statements. ``EXCLUSIVE_JOBS["PREPARE_STATEMENTS"] = False`` turns it off.
 """
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import suppress
 from typing import Any
 
+from .conf import app_settings
 from .sessions import PLACEHOLDER, SessionState
 
 Rows = list[tuple[Any, ...]]
 _CLIENT_ERRORS = 2000  # MySQL's client library numbers its own errors from here
+_UNKNOWN_STATEMENT = 1243  # ER_UNKNOWN_STMT_HANDLER: the session has no such statement
 _MAX_TEMPLATES = 256
+# Runs of one statement on a session before it is prepared (a process that takes one lock
+# and exits never pays for a PREPARE); statements prepared per session at most; misses on
+# a session before it stops preparing.
+PREPARE_AFTER = 3
+MAX_PREPARED = 16
+MAX_MISSES = 3
+
+
+class _Template:
+    """One statement rendered for one session: byte pieces, the slots left for values."""
+
+    __slots__ = ("failed", "pieces", "prepared", "slots", "uses")
+
+    def __init__(self, pieces: list[bytes], slots: list[int]) -> None:
+        self.pieces = pieces
+        self.slots = slots
+        self.uses = 0
+        self.prepared: bytes | None = None  # b"EXECUTE name" once the session has it
+        self.failed = False  # the server would not prepare it: always text
 
 
 class _Session(SessionState):
-    """The statements rendered for one database session."""
+    """The statements rendered, and those prepared, for one database session."""
 
     attribute = "_exclusive_jobs_mysql"
 
     def __init__(self, raw: Any) -> None:
         super().__init__(raw)
-        self.templates: dict[tuple[str, tuple[Any, ...]], tuple[list[bytes], list[int]]] = {}
+        self.templates: dict[tuple[str, tuple[Any, ...]], _Template] = {}
+        self.prepared = 0
+        self.misses = 0
 
 
 def usable(connection: Any) -> bool:
@@ -58,17 +92,25 @@ def run(
         if len(state.templates) >= _MAX_TEMPLATES:  # a ttl that changes at every call
             state.templates.clear()
         template = state.templates[key] = _render(raw, sql, constants, varying, len(params))
-    pieces, slots = template
-    parts = list(pieces)
     bound = (*varying, *range(len(constants), len(params)))
-    for slot, index in zip(slots, bound, strict=True):
-        value = params[index]
-        if isinstance(value, str):
-            parts[slot] = raw.string_literal(value.encode(raw.encoding))
-        else:
-            parts[slot] = b"%d" % value
+    values = [_literal(raw, params[index]) for index in bound]
     try:
-        raw.query(b"".join(parts))
+        if template.prepared is None:
+            template.uses += 1
+            if template.uses >= PREPARE_AFTER and _may_prepare(state, template):
+                _prepare(connection, raw, state, template)
+        if template.prepared is not None:
+            try:
+                raw.query(_execute(template.prepared, values))
+            except connection.Database.Error as exc:
+                if _code(exc) != _UNKNOWN_STATEMENT:
+                    raise
+                template.prepared = None  # gone from the session: text now, prepare later
+                template.uses = 0
+                state.misses += 1
+                raw.query(_text(template, values))
+        else:
+            raw.query(_text(template, values))
         count = raw.affected_rows()
         rows = [(raw.insert_id(),)] if insert_id else _rows(raw.store_result())
         while raw.next_result() == 0:
@@ -77,8 +119,8 @@ def run(
         # The server's own errors (a deadlock, a lock wait timeout, a missing table)
         # leave the connection in step: it stays open for the caller to retry or to
         # ask what went wrong. Client errors (2000 and up) mean it is not.
-        code = exc.args[0] if exc.args else None
-        if not isinstance(code, int) or code >= _CLIENT_ERRORS:
+        code = _code(exc)
+        if code is None or code >= _CLIENT_ERRORS:
             _close(raw)
         raise
     except BaseException:
@@ -87,6 +129,56 @@ def run(
         _close(raw)
         raise
     return count, rows
+
+
+def _may_prepare(state: _Session, template: _Template) -> bool:
+    return (
+        not template.failed
+        and state.prepared < MAX_PREPARED
+        and state.misses < MAX_MISSES
+        and bool(app_settings.PREPARE_STATEMENTS)
+    )
+
+
+def _prepare(connection: Any, raw: Any, state: _Session, template: _Template) -> None:
+    """Prepare the template's statement on the session, under a name hashed from its text."""
+    parts = list(template.pieces)
+    for slot in template.slots:
+        parts[slot] = b"?"
+    body = b"".join(parts)
+    name = b"exclusive_jobs_" + hashlib.sha256(body).hexdigest()[:40].encode()
+    try:
+        raw.query(b"PREPARE " + name + b" FROM " + raw.string_literal(body))
+    except connection.Database.Error as exc:
+        code = _code(exc)
+        if code is None or code >= _CLIENT_ERRORS:
+            raise
+        template.failed = True  # say, too many prepared statements on the server
+        return
+    state.prepared += 1
+    template.prepared = b"EXECUTE " + name
+
+
+def _execute(prepared: bytes, values: list[bytes]) -> bytes:
+    return prepared + b" USING " + b", ".join(values) if values else prepared
+
+
+def _text(template: _Template, values: list[bytes]) -> bytes:
+    parts = list(template.pieces)
+    for slot, value in zip(template.slots, values, strict=True):
+        parts[slot] = value
+    return b"".join(parts)
+
+
+def _literal(raw: Any, value: Any) -> bytes:
+    if isinstance(value, str):
+        return bytes(raw.string_literal(value.encode(raw.encoding)))
+    return b"%d" % value
+
+
+def _code(exc: BaseException) -> int | None:
+    code = exc.args[0] if exc.args else None
+    return code if isinstance(code, int) else None
 
 
 def _close(raw: Any) -> None:
@@ -101,7 +193,7 @@ def _rows(result: Any) -> Rows:
 
 def _render(
     raw: Any, sql: str, constants: tuple[Any, ...], varying: tuple[int, ...], count: int
-) -> tuple[list[bytes], list[int]]:
+) -> _Template:
     """``sql`` as byte pieces: constants quoted in place; the slots left for the rest."""
     pieces: list[bytes] = []
     slots: list[int] = []
@@ -120,4 +212,4 @@ def _render(
         else:
             pieces.append(raw.literal(constants[index]))
     pieces.append(sql[position:].encode(raw.encoding))
-    return pieces, slots
+    return _Template(pieces, slots)

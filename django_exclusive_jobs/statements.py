@@ -54,6 +54,7 @@ class Compiled:
     or_holder: bool = False  # PostgreSQL: (won, *returning), with a row of NULLs when held
     converters: Converters = field(default_factory=dict)
     prepared: Prepared | None = None
+    mysql_query: bool = False  # sent by ``mysqlquery`` (mysqlclient's connection)
 
     @functools.cached_property
     def varying(self) -> tuple[int, ...]:
@@ -95,6 +96,7 @@ def compile_update(
     *,
     or_holder: bool = False,
     insert_id: bool = False,
+    connection: Any = None,
 ) -> Compiled | None:
     """Compile ``queryset.update(**values)`` once per shape; None if it cannot be reused.
 
@@ -102,9 +104,11 @@ def compile_update(
     of the changed row. On PostgreSQL ``or_holder`` adds a row of NULLs when the row
     exists but it changed nothing, so a lost race is told from a missing row in one round
     trip. With ``insert_id`` (MariaDB and MySQL, whose UPDATE returns no rows) it returns
-    the value the statement gave ``LAST_INSERT_ID()``.
+    the value the statement gave ``LAST_INSERT_ID()``. ``connection`` is
+    ``connections[alias]`` when the caller has it already.
     """
-    connection = connections[alias]
+    if connection is None:
+        connection = connections[alias]
 
     def make() -> Compiled | None:
         queryset, values = build()
@@ -157,14 +161,18 @@ def compile_update(
             holder_row,
             converters,
             _preparable(vendor, sql, params, slots, name_again),
+            mysqlquery.usable(connection),
         )
 
     return _cached((alias, connection.vendor, "update", *key), make)
 
 
-def compile_select(alias: str, key: tuple[Any, ...], build: Callable[[], Any]) -> Compiled | None:
+def compile_select(
+    alias: str, key: tuple[Any, ...], build: Callable[[], Any], connection: Any = None
+) -> Compiled | None:
     """Compile the first row of ``build()`` (a values_list queryset) once per shape."""
-    connection = connections[alias]
+    if connection is None:
+        connection = connections[alias]
 
     def make() -> Compiled | None:
         sql, params, converters = _compile_select(alias, build)
@@ -178,6 +186,7 @@ def compile_select(alias: str, key: tuple[Any, ...], build: Callable[[], Any]) -
             True,
             converters=converters,
             prepared=_preparable(connection.vendor, sql, params, slots, False),
+            mysql_query=mysqlquery.usable(connection),
         )
 
     return _cached((alias, connection.vendor, "select", *key), make)
@@ -224,7 +233,7 @@ def _varying(slots: dict[Any, int]) -> tuple[int, ...]:
 
 
 def run_compiled(
-    alias: str, compiled: Compiled, **values: Any
+    alias: str, compiled: Compiled, /, connection: Any = None, **values: Any
 ) -> tuple[int, list[tuple[Any, ...]]]:
     """Execute a compiled statement; return its row count and any rows it returned.
 
@@ -233,9 +242,11 @@ def run_compiled(
     errors are still translated into Django's. That saves a good part of what a lock
     costs beyond the SQL. Whenever someone watches the connection (an
     ``execute_wrapper``, DEBUG's query log), it goes through Django's cursor so they see
-    the statement as the ORM built it.
+    the statement as the ORM built it. ``connection`` is ``connections[alias]`` when
+    the caller has it already.
     """
-    connection = connections[alias]
+    if connection is None:
+        connection = connections[alias]
     params = compiled.bind(**values)
     if connection.execute_wrappers or connection.queries_logged:
         with connection.cursor() as cursor:
@@ -249,7 +260,7 @@ def run_compiled(
                 done = pgprepared.run(
                     connection, compiled.prepared, compiled.params, params, compiled.returning
                 )
-            elif mysqlquery.usable(connection):
+            elif compiled.mysql_query:
                 done = mysqlquery.run(
                     connection,
                     compiled.sql,

@@ -1,4 +1,4 @@
-"""The lock's statements: prepared on PostgreSQL, one request per take on MariaDB.
+"""The lock's statements: prepared on PostgreSQL and MariaDB, one request per take.
 
 These are speed-ups, so each test checks two things: that the faster path is really
 taken (the server's own list of prepared statements, the number of requests sent), and
@@ -16,7 +16,7 @@ import pytest
 from django.db import connections, transaction
 from django.test import override_settings
 
-from django_exclusive_jobs import LockHeld, pgprepared, try_acquire
+from django_exclusive_jobs import LockHeld, mysqlquery, pgprepared, try_acquire
 from django_exclusive_jobs.locks import acquire_or_raise, identity
 from django_exclusive_jobs.pgprepared import MAX_MISSES, PREPARE_AFTER
 
@@ -498,3 +498,97 @@ def test_a_scheduled_run_whose_lock_was_taken_over_before_its_slot_is_lost(mysql
     from django_exclusive_jobs.models import JobRun
 
     assert not JobRun.objects.using(mysql).filter(name="prep").exists()
+
+
+# --- MariaDB: PREPARE ... FROM, then EXECUTE ------------------------------------------
+
+
+def mysql_counters(alias: str) -> tuple[int, int]:
+    """This session's (PREPAREs, EXECUTEs) so far, as the server counts them."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SHOW SESSION STATUS WHERE Variable_name IN ('Com_stmt_prepare', 'Com_stmt_execute')"
+        )
+        found = dict(cursor.fetchall())
+    return int(found["Com_stmt_prepare"]), int(found["Com_stmt_execute"])
+
+
+def mysql_prepared_names(alias: str) -> list[bytes]:
+    state = mysqlquery._Session.of(connections[alias])
+    return [t.prepared.split()[1] for t in state.templates.values() if t.prepared]
+
+
+def mysql_forget_all(alias: str) -> None:
+    """What a proxy that moved us to another server session would do."""
+    for name in mysql_prepared_names(alias):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(f"DEALLOCATE PREPARE {name.decode()}")
+
+
+@on_mysql
+def test_statements_are_prepared_on_mariadb_after_a_few_uses(mysql: str) -> None:
+    before = mysql_counters(mysql)
+    assert cycle(mysql, times=mysqlquery.PREPARE_AFTER - 1) == [1, 2]
+    assert mysql_counters(mysql) == before  # a process that runs a job once never prepares
+    assert cycle(mysql, times=3) == [3, 4, 5]
+    prepares, executes = mysql_counters(mysql)
+    assert prepares - before[0] == 2  # take and release
+    assert executes - before[1] == 6  # every take and release from the third on
+    assert len(mysql_prepared_names(mysql)) == 2
+    saved = row(mysql, "prep")
+    assert saved.token == 5 and saved.released_at is not None
+    with other_holder(mysql) as other:  # a prepared take that loses, then one that wins
+        assert other.try_acquire("prep", ttl=60)
+        assert try_acquire("prep", ttl=60, using=mysql) is None
+        with pytest.raises(LockHeld):
+            acquire_or_raise("prep", ttl=60, using=mysql)
+        assert other.release("prep")
+    lock = try_acquire("prep", ttl=60, using=mysql)
+    assert lock is not None and lock.token == 7
+    assert lock.acquired_at == row(mysql, "prep").acquired_at
+    assert lock.release()
+
+
+@on_mysql
+def test_a_setting_turns_preparing_off_on_mariadb(mysql: str) -> None:
+    before = mysql_counters(mysql)
+    with override_settings(EXCLUSIVE_JOBS={"PREPARE_STATEMENTS": False}):
+        assert cycle(mysql, times=mysqlquery.PREPARE_AFTER + 2) == [1, 2, 3, 4, 5]
+    assert mysql_counters(mysql) == before
+
+
+@on_mysql
+def test_a_statement_gone_missing_on_mariadb_runs_as_text_and_is_prepared_again(
+    mysql: str,
+) -> None:
+    after = mysqlquery.PREPARE_AFTER
+    cycle(mysql, times=after)
+    assert len(mysql_prepared_names(mysql)) == 2
+    mysql_forget_all(mysql)
+    assert cycle(mysql) == [after + 1]  # EXECUTE fails, the text runs
+    assert mysql_prepared_names(mysql) == []
+    assert cycle(mysql, times=after) == [after + 2 + n for n in range(after)]
+    assert len(mysql_prepared_names(mysql)) == 2
+    for _ in range(mysqlquery.MAX_MISSES):
+        mysql_forget_all(mysql)
+        cycle(mysql, times=after + 1)
+    assert mysql_prepared_names(mysql) == []  # this session keeps losing them: no more
+    assert cycle(mysql, times=after + 1)[-1] == row(mysql, "prep").token
+    assert mysql_prepared_names(mysql) == []
+
+
+@on_mysql
+def test_a_server_that_refuses_to_prepare_still_decides(mysql: str) -> None:
+    with connections[mysql].cursor() as cursor:
+        cursor.execute("SELECT @@GLOBAL.max_prepared_stmt_count")
+        (limit,) = cursor.fetchone()
+        cursor.execute("SET GLOBAL max_prepared_stmt_count = 0")
+    try:
+        tokens = cycle(mysql, times=mysqlquery.PREPARE_AFTER + 2)
+    finally:
+        with connections[mysql].cursor() as cursor:
+            cursor.execute(f"SET GLOBAL max_prepared_stmt_count = {int(limit)}")
+    assert tokens == [1, 2, 3, 4, 5]
+    assert mysql_prepared_names(mysql) == []
+    state = mysqlquery._Session.of(connections[mysql])
+    assert all(t.failed for t in state.templates.values() if t.uses >= mysqlquery.PREPARE_AFTER)
