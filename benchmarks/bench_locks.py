@@ -9,7 +9,11 @@ Rows printed (Markdown), all measured in this one run on this machine:
   SQL statement per step through the raw driver (a conditional UPDATE to take, an UPDATE
   to free); the *naive* lock is INSERT to take and DELETE to free (the seed approach).
 * contended decision: P processes meet at a barrier and all try to take one lock; each
-  times its own decision (won or skipped). p50/p99 over all decisions.
+  times its own decision (won or skipped). p50/p99 over all decisions. The same P
+  processes run every kind, in alternating blocks of rounds, so that the machine's
+  background (other tenants, the database's own work) falls on every kind alike. Ours
+  is measured warm: each block starts with a few untimed decisions on another name, so
+  the connection is open and the statements are compiled and prepared.
 * doubled triggers: P processes start each trigger at a random moment within 0.3 s and
   run a 2 ms job if they get the lock; a trigger run more than once is doubled. Ours is
   measured as a plain lock and with a schedule (``every=``), which de-duplicates slots.
@@ -327,54 +331,60 @@ def uncontended(config: dict[str, Any], iterations: int) -> dict[str, dict[str, 
 
 def contender(
     config: dict[str, Any],
-    kind: str,
-    rounds: int,
+    schedule: list[tuple[str, int]],
     barrier: Any,
     out: Any,
     worker: int,
 ) -> None:
+    """Run the blocks of ``schedule`` (kind, rounds) in order, as every other worker does."""
     setup_django(config)
     from django.db import connections
 
     from django_exclusive_jobs import mysqlquery, pgprepared, try_acquire
 
-    tool: Floor | None = None
-    if kind == "floor":
-        tool = Floor(config, f"w{worker}")
-    elif kind == "naive":
-        tool = Naive(config, f"w{worker}")
-    else:
-        # Like the floor's connection, opened before the clock starts: our connection,
-        # and the statements the ORM compiles once per process (on another name). A
-        # process that makes decisions over and over has its statements prepared
-        # after the first few (PREPARE_AFTER): measure that steady state.
-        for _ in range(max(pgprepared.PREPARE_AFTER, mysqlquery.PREPARE_AFTER)):
-            warm = try_acquire(f"warm-up-{worker}", ttl=60, using=alias_of(kind))
-            assert warm is not None
-            warm.release()
-        if kind == "ours-sql":
-            connections.close_all()  # one connection per worker, as for the floor
-            tool = OursSql(config, f"w{worker}")
-    timings: list[float] = []
+    timings: dict[str, list[float]] = {kind: [] for kind, _ in schedule}
     wins: list[int] = []
+    number = 0
     try:
-        for number in range(rounds):
-            barrier.wait(300)
-            started = time.perf_counter()
-            if tool is None:
-                lock = try_acquire("contended", ttl=60, using=alias_of(kind))
-                won = lock is not None
+        for kind, rounds in schedule:
+            tool: Floor | None = None
+            if kind == "floor":
+                tool = Floor(config, f"w{worker}")
+            elif kind == "naive":
+                tool = Naive(config, f"w{worker}")
             else:
-                won = tool.take("contended")
-            timings.append(time.perf_counter() - started)
-            barrier.wait(300)
-            if won:
-                wins.append(number)
+                # Like the floor's connection, opened before the clock starts: our
+                # connection, and the statements the ORM compiles once per process (on
+                # another name). A process that makes decisions over and over has its
+                # statements prepared after the first few: measure that steady state.
+                for _ in range(max(pgprepared.PREPARE_AFTER, mysqlquery.PREPARE_AFTER)):
+                    warm = try_acquire(f"warm-up-{worker}", ttl=60, using=alias_of(kind))
+                    assert warm is not None
+                    warm.release()
+                if kind == "ours-sql":
+                    connections.close_all()  # one connection per worker, as for the floor
+                    tool = OursSql(config, f"w{worker}")
+            for _ in range(rounds):
+                barrier.wait(300)
+                started = time.perf_counter()
                 if tool is None:
-                    lock.release()  # type: ignore[union-attr]
+                    lock = try_acquire("contended", ttl=60, using=alias_of(kind))
+                    won = lock is not None
                 else:
-                    tool.free("contended")
-            barrier.wait(300)
+                    won = tool.take("contended")
+                timings[kind].append(time.perf_counter() - started)
+                barrier.wait(300)
+                if won:
+                    wins.append(number)
+                    if tool is None:
+                        lock.release()  # type: ignore[union-attr]
+                    else:
+                        tool.free("contended")
+                barrier.wait(300)
+                number += 1
+            if tool is not None:
+                tool.connection.close()
+            connections.close_all()
         out.put((timings, wins, None))
     except Exception as exc:
         barrier.abort()
@@ -383,33 +393,54 @@ def contender(
         connections.close_all()
 
 
-def contended(config: dict[str, Any], kind: str, processes: int, rounds: int) -> dict[str, Any]:
+def contended(
+    config: dict[str, Any], kinds: list[str], processes: int, rounds: int, block: int
+) -> dict[str, dict[str, Any]]:
+    """``rounds`` contended decisions of each kind, interleaved in blocks of ``block``.
+
+    One set of processes runs every kind, a block of rounds of one kind after a block of
+    the next, so that what the machine is doing meanwhile (other tenants, the page cache,
+    the database's own background work) falls on every kind alike.
+    """
     reset(config, ["contended"])
     create_lock_row("contended")  # the floor's row is seeded by reset() too
+    schedule: list[tuple[str, int]] = []
+    for number in range(-(-rounds // block)):
+        turn = number % len(kinds)
+        for kind in kinds[turn:] + kinds[:turn]:
+            schedule.append((kind, min(block, rounds - number * block)))
     barrier = SPAWN.Barrier(processes)
     out = SPAWN.Queue()
     workers = [
-        SPAWN.Process(target=contender, args=(config, kind, rounds, barrier, out, n))
+        SPAWN.Process(target=contender, args=(config, schedule, barrier, out, n))
         for n in range(processes)
     ]
     for worker in workers:
         worker.start()
-    timings: list[float] = []
+    timings: dict[str, list[float]] = {kind: [] for kind in kinds}
     winners: Counter[int] = Counter()
     try:
         for _ in workers:
-            got, wins, error = out.get(timeout=900)
+            got, wins, error = out.get(timeout=1800)
             if error:
-                raise RuntimeError(f"{kind} worker failed: {error}")
-            timings.extend(got)
+                raise RuntimeError(f"contended worker failed: {error}")
+            for kind, values in got.items():
+                timings[kind].extend(values)
             winners.update(wins)
     finally:
         for worker in workers:
             worker.join(30)
             if worker.is_alive():
                 worker.kill()
-    bad = sum(1 for number in range(rounds) if winners[number] != 1)
-    return {**summary(timings), "bad_rounds": bad}
+    results: dict[str, dict[str, Any]] = {}
+    number = 0
+    bad: Counter[str] = Counter()
+    for kind, count in schedule:
+        bad[kind] += sum(1 for n in range(number, number + count) if winners[n] != 1)
+        number += count
+    for kind in kinds:
+        results[kind] = {**summary(timings[kind]), "bad_rounds": bad[kind]}
+    return results
 
 
 def trigger_worker(
@@ -682,11 +713,9 @@ def main() -> None:
         processes = wanted if budget is None else min(wanted, budget)
         if processes != wanted:
             print(f"| (PostgreSQL max_connections allows only {processes} of {wanted}) | | | | | |")
-        rounds = max(10, args.rounds * 10 // processes)
-        rows = {
-            kind: contended(config, kind, processes, rounds)
-            for kind in (*ours_kinds(config), *baseline_kinds(config))
-        }
+        rounds = max(args.rounds // 2, args.rounds * 10 // processes)
+        kinds = [*ours_kinds(config), *baseline_kinds(config)]
+        rows = contended(config, kinds, processes, rounds, block=max(2, rounds // 6))
         for kind, row in rows.items():
             ratio = row["p50"] / rows["floor"]["p50"]
             print(
