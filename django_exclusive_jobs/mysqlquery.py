@@ -15,8 +15,9 @@ then sent as ``EXECUTE name USING <the varying values>``: the server parses the 
 is what they queue for. The name is a hash of the prepared text, so a name on a session
 always means this very statement. A statement the session no longer has (the server
 said "unknown prepared statement") runs as text and is prepared again; after a few such
-misses on one connection it stops preparing there. Each session prepares at most
-``MAX_PREPARED`` statements. ``EXCLUSIVE_JOBS["PREPARE_STATEMENTS"] = False`` turns it off.
+misses on one connection (a PREPARE the server refused counts as one) it stops preparing
+there. Each session prepares at most ``MAX_PREPARED`` statements.
+``EXCLUSIVE_JOBS["PREPARE_STATEMENTS"] = False`` turns it off.
 """
 
 from __future__ import annotations
@@ -43,14 +44,13 @@ MAX_MISSES = 3
 class _Template:
     """One statement rendered for one session: byte pieces, the slots left for values."""
 
-    __slots__ = ("failed", "pieces", "prepared", "slots", "uses")
+    __slots__ = ("pieces", "prepared", "slots", "uses")
 
     def __init__(self, pieces: list[bytes], slots: list[int]) -> None:
         self.pieces = pieces
         self.slots = slots
         self.uses = 0
         self.prepared: bytes | None = None  # b"EXECUTE name" once the session has it
-        self.failed = False  # the server would not prepare it: always text
 
 
 class _Session(SessionState):
@@ -97,7 +97,7 @@ def run(
     try:
         if template.prepared is None:
             template.uses += 1
-            if template.uses >= PREPARE_AFTER and _may_prepare(state, template):
+            if template.uses >= PREPARE_AFTER and _may_prepare(state):
                 _prepare(connection, raw, state, template)
         if template.prepared is not None:
             try:
@@ -131,10 +131,9 @@ def run(
     return count, rows
 
 
-def _may_prepare(state: _Session, template: _Template) -> bool:
+def _may_prepare(state: _Session) -> bool:
     return (
-        not template.failed
-        and state.prepared < MAX_PREPARED
+        state.prepared < MAX_PREPARED
         and state.misses < MAX_MISSES
         and bool(app_settings.PREPARE_STATEMENTS)
     )
@@ -153,7 +152,10 @@ def _prepare(connection: Any, raw: Any, state: _Session, template: _Template) ->
         code = _code(exc)
         if code is None or code >= _CLIENT_ERRORS:
             raise
-        template.failed = True  # say, too many prepared statements on the server
+        # Say, the server's max_prepared_stmt_count is reached, or the table is not
+        # migrated yet: text for now; a session that keeps failing stops trying.
+        template.uses = 0
+        state.misses += 1
         return
     state.prepared += 1
     template.prepared = b"EXECUTE " + name
