@@ -105,9 +105,7 @@ def run(
             except connection.Database.Error as exc:
                 if _code(exc) != _UNKNOWN_STATEMENT:
                     raise
-                template.prepared = None  # gone from the session: text now, prepare later
-                template.uses = 0
-                state.misses += 1
+                _missed(state, template)  # gone from the session: text now, prepare later
                 raw.query(_text(template, values))
         else:
             raw.query(_text(template, values))
@@ -119,8 +117,7 @@ def run(
         # The server's own errors (a deadlock, a lock wait timeout, a missing table)
         # leave the connection in step: it stays open for the caller to retry or to
         # ask what went wrong. Client errors (2000 and up) mean it is not.
-        code = _code(exc)
-        if code is None or code >= _CLIENT_ERRORS:
+        if _client_side(exc):
             _close(raw)
         raise
     except BaseException:
@@ -141,24 +138,26 @@ def _may_prepare(state: _Session) -> bool:
 
 def _prepare(connection: Any, raw: Any, state: _Session, template: _Template) -> None:
     """Prepare the template's statement on the session, under a name hashed from its text."""
-    parts = list(template.pieces)
-    for slot in template.slots:
-        parts[slot] = b"?"
-    body = b"".join(parts)
+    body = _text(template, [b"?"] * len(template.slots))
     name = b"exclusive_jobs_" + hashlib.sha256(body).hexdigest()[:40].encode()
     try:
         raw.query(b"PREPARE " + name + b" FROM " + raw.string_literal(body))
     except connection.Database.Error as exc:
-        code = _code(exc)
-        if code is None or code >= _CLIENT_ERRORS:
+        if _client_side(exc):
             raise
         # Say, the server's max_prepared_stmt_count is reached, or the table is not
         # migrated yet: text for now; a session that keeps failing stops trying.
-        template.uses = 0
-        state.misses += 1
+        _missed(state, template)
         return
     state.prepared += 1
     template.prepared = b"EXECUTE " + name
+
+
+def _missed(state: _Session, template: _Template) -> None:
+    """The statement is not (or no longer) prepared: count it, and start counting again."""
+    template.prepared = None
+    template.uses = 0
+    state.misses += 1
 
 
 def _execute(prepared: bytes, values: list[bytes]) -> bytes:
@@ -166,6 +165,7 @@ def _execute(prepared: bytes, values: list[bytes]) -> bytes:
 
 
 def _text(template: _Template, values: list[bytes]) -> bytes:
+    """The template with ``values`` in its slots (``?`` marks, for the prepared form)."""
     parts = list(template.pieces)
     for slot, value in zip(template.slots, values, strict=True):
         parts[slot] = value
@@ -181,6 +181,12 @@ def _literal(raw: Any, value: Any) -> bytes:
 def _code(exc: BaseException) -> int | None:
     code = exc.args[0] if exc.args else None
     return code if isinstance(code, int) else None
+
+
+def _client_side(exc: BaseException) -> bool:
+    """An error of the client library (or one without a number): the session is not usable."""
+    code = _code(exc)
+    return code is None or code >= _CLIENT_ERRORS
 
 
 def _close(raw: Any) -> None:
