@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,42 +51,50 @@ def connect() -> Any:
     return connection
 
 
-def take_statement() -> tuple[bytes, list[Any]]:
-    """The app's take as mysqlquery prepares it (``?`` for the name and the thread)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    sys.path.insert(0, str(ROOT))
-    import bench_locks
+class Take:
+    """The app's take as mysqlquery renders it: its prepared form, and its values."""
 
-    config = bench_locks.database_settings("mysql", "")
-    bench_locks.create_database("mysql")
-    bench_locks.setup_django(config)
-    from django.core.management import call_command
-    from django.db import connection
+    def __init__(self) -> None:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        sys.path.insert(0, str(ROOT))
+        import bench_locks
 
-    from django_exclusive_jobs import mysqlquery, statements, try_acquire
+        config = bench_locks.database_settings("mysql", "")
+        bench_locks.create_database("mysql")
+        bench_locks.setup_django(config)
+        from django.core.management import call_command
+        from django.db import connection
 
-    call_command("migrate", verbosity=0)
-    bench_locks.prepare_tables(config)
-    lock = try_acquire("warm-up", ttl=60)
-    assert lock is not None
-    lock.release()
-    compiled = next(v for k, v in statements._compiled.items() if k[3] == "take-mysql")
-    assert compiled is not None
-    params = compiled.bind(name="job", thread=1)
-    raw = connection.connection
-    template = mysqlquery._render(raw, compiled.sql, compiled.params, compiled.varying, len(params))
-    parts = list(template.pieces)
-    for slot in template.slots:
-        parts[slot] = b"?"
-    order = (*compiled.varying, *range(len(compiled.params), len(params)))
-    names = [
-        "name" if params[i] == "job" and isinstance(params[i], str) else "thread" for i in order
-    ]
-    connection.close()
-    return b"".join(parts), names
+        from django_exclusive_jobs import mysqlquery, statements, try_acquire
+
+        call_command("migrate", verbosity=0)
+        bench_locks.prepare_tables(config)
+        lock = try_acquire("warm-up", ttl=60)
+        assert lock is not None
+        lock.release()
+        compiled = next(v for k, v in statements._compiled.items() if k[3] == "take-mysql")
+        assert compiled is not None
+        self.compiled = compiled
+        self.mysqlquery = mysqlquery
+        count = len(compiled.bind(name="job", thread=1))
+        raw = connection.connection
+        self.template = mysqlquery._render(
+            raw, compiled.sql, compiled.params, compiled.varying, count
+        )
+        self.body = mysqlquery._text(self.template, [b"?"] * len(self.template.slots))
+        connection.close()
+
+    def values(self, raw: Any, thread: int) -> list[bytes]:
+        """What mysqlquery sends for the name "job" and this thread, in slot order."""
+        params = self.compiled.bind(name="job", thread=thread)
+        bound = (*self.compiled.varying, *range(len(self.compiled.params), len(params)))
+        return [self.mysqlquery._literal(raw, params[index]) for index in bound]
+
+    def text(self, raw: Any, thread: int) -> bytes:
+        return bytes(self.mysqlquery._text(self.template, self.values(raw, thread)))
 
 
-def reset_tables(body: bytes) -> None:
+def reset_tables() -> None:
     connection = connect()
     cursor = connection.cursor()
     cursor.execute(f"DROP TABLE IF EXISTS {COPY}")
@@ -104,30 +113,25 @@ def reset_tables(body: bytes) -> None:
     connection.close()
 
 
-def statement_for(kind: str, body: bytes, names: list[str], me: int) -> tuple[bytes, bytes | None]:
-    """(what to send each time, what to send once first) for one kind and one process."""
+def prepared_pair(connection: Any, take: Take, name: bytes, table: str) -> tuple[bytes, bytes]:
+    """(PREPARE once, EXECUTE each time) for the take on ``table``, as this thread sends it."""
+    body = take.body.replace(TABLE.encode(), table.encode())
+    prepare = b"PREPARE " + name + b" FROM " + connection.string_literal(body)
+    values = take.values(connection, threading.get_native_id())
+    return prepare, take.mysqlquery._execute(b"EXECUTE " + name, values)
+
+
+def contender(kind: str, take: Take, rounds: int, me: int, barrier: Any, out: Any) -> None:
     connection = connect()
-    literal = {"name": b"'job'", "thread": b"%d" % me}
     if kind.startswith("floor"):
-        text = FLOOR % (f"'p{me}'", "'job'")
-        connection.close()
-        return text.encode(), None
-    table_body = body if kind == "ours-prepared" else body.replace(TABLE.encode(), COPY.encode())
-    name = b"bench_take_" + kind.encode().replace(b"-", b"_")
-    prepare = b"PREPARE " + name + b" FROM " + connection.string_literal(table_body)
-    execute = b"EXECUTE " + name + b" USING " + b", ".join(literal[n] for n in names)
-    connection.close()
-    return execute, prepare
-
-
-def contender(kind: str, body: bytes, names: list[str], me: int, barrier: Any, out: Any) -> None:
-    statement, first = statement_for(kind, body, names, me)
+        statement = (FLOOR % (f"'p{me}'", "'job'")).encode()
+    else:
+        table = TABLE if kind == "ours-prepared" else COPY
+        prepare, statement = prepared_pair(connection, take, b"bench_take", table)
+        connection.query(prepare)
     burn = 55e-6 if kind == "floor-burn" else 0.0
-    connection = connect()
-    if first:
-        connection.query(first)
     timings = []
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         barrier.wait(120)
         started = time.perf_counter()
         if burn:
@@ -142,21 +146,18 @@ def contender(kind: str, body: bytes, names: list[str], me: int, barrier: Any, o
     connection.close()
 
 
-ROUNDS = 40
-
-
-def contended(kind: str, body: bytes, names: list[str], processes: int) -> float:
+def contended(kind: str, take: Take, rounds: int, processes: int) -> float:
     table = {"floor": "floor_lock", "floor-burn": "floor_lock", "ours-prepared": TABLE}
     barrier = FORK.Barrier(processes + 1)
     out = FORK.Queue()
     workers = [
-        FORK.Process(target=contender, args=(kind, body, names, n, barrier, out))
+        FORK.Process(target=contender, args=(kind, take, rounds, n, barrier, out))
         for n in range(processes)
     ]
     for worker in workers:
         worker.start()
     connection = connect()
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         connection.query(
             f"UPDATE {table.get(kind, COPY)} SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND"
             " WHERE name = 'job'".encode()
@@ -170,7 +171,7 @@ def contended(kind: str, body: bytes, names: list[str], processes: int) -> float
     return statistics.median(timings) * 1e6
 
 
-def server_cpu(body: bytes, names: list[str], count: int = 20000) -> dict[str, float]:
+def server_cpu(take: Take, count: int = 20000) -> dict[str, float]:
     pid = next(
         int(entry.name)
         for entry in Path("/proc").iterdir()
@@ -188,15 +189,11 @@ def server_cpu(body: bytes, names: list[str], count: int = 20000) -> dict[str, f
     held = "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"
     connection.query(f"UPDATE {TABLE} SET expires_at = {held} WHERE name = 'job'".encode())
     connection.query(f"UPDATE floor_lock SET expires_at = {held} WHERE name = 'job'".encode())
-    literal = {"name": b"'job'", "thread": b"1"}
-    text = body
-    for name in names:
-        text = text.replace(b"?", literal[name], 1)
-    connection.query(b"PREPARE bench_take FROM " + connection.string_literal(body))
-    execute = b"EXECUTE bench_take USING " + b", ".join(literal[n] for n in names)
+    prepare, execute = prepared_pair(connection, take, b"bench_take", TABLE)
+    connection.query(prepare)
     kinds = {
         "floor": (FLOOR % ("'me'", "'job'")).encode(),
-        "ours as text": text,
+        "ours as text": take.text(connection, threading.get_native_id()),
         "ours prepared": execute,
     }
     result = {}
@@ -213,24 +210,22 @@ def server_cpu(body: bytes, names: list[str], count: int = 20000) -> dict[str, f
 
 
 def main() -> None:
-    global ROUNDS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
-    ROUNDS = args.rounds
-    body, names = take_statement()
-    reset_tables(body)
+    take = Take()
+    reset_tables()
     print("| losing take, one connection | server CPU µs per statement |\n|---|---|")
-    for label, micros in server_cpu(body, names).items():
+    for label, micros in server_cpu(take).items():
         print(f"| {label} | {micros:.1f} |")
-    reset_tables(body)
+    reset_tables()
     kinds = ["floor", "floor-burn", "ours-prepared", "ours-prepared-by-name"]
     p50s: dict[str, list[float]] = {kind: [] for kind in kinds}
     for _ in range(args.repeats):
         for kind in kinds:
-            p50s[kind].append(contended(kind, body, names, args.processes))
+            p50s[kind].append(contended(kind, take, args.rounds, args.processes))
     floor = statistics.median(p50s["floor"])
     print(
         f"\n| {args.processes} processes, raw driver | p50 µs (median of {args.repeats}) |"
