@@ -16,35 +16,36 @@ __all__ = [
     "LockLost",
     "exclusive_job",
     "exclusive_lock",
-    "release_lock",
+    "force_release",
     "try_acquire",
 ]
 
-# The lock engine imports models, which Django forbids before the app registry is
-# ready; load public names on first use instead of at import.
+# Django imports this package before the app registry is ready: public names load on
+# first use, so nothing here touches models or settings at import.
 _LAZY = {
-    "JobLockError": "exceptions",
-    "LockConfigurationError": "exceptions",
-    "LockDatabaseError": "exceptions",
-    "LockHeld": "exceptions",
-    "LockLost": "exceptions",
-    "Lock": "locks",
-    "exclusive_job": "decorators",
-    "exclusive_lock": "locks",
-    "release_lock": "locks",
-    "try_acquire": "locks",
+    "JobLockError": "lock.errors",
+    "LockConfigurationError": "lock.errors",
+    "LockDatabaseError": "lock.errors",
+    "LockHeld": "lock.errors",
+    "LockLost": "lock.errors",
+    "Lock": "lock.lock",
+    "exclusive_job": "run.decorator",
+    "exclusive_lock": "lock.acquire",
+    "force_release": "lock.acquire",
+    "try_acquire": "lock.acquire",
 }
 
 if TYPE_CHECKING:
-    from .decorators import exclusive_job
-    from .exceptions import (
+    from .lock.acquire import exclusive_lock, force_release, try_acquire
+    from .lock.errors import (
         JobLockError,
         LockConfigurationError,
         LockDatabaseError,
         LockHeld,
         LockLost,
     )
-    from .locks import Lock, exclusive_lock, release_lock, try_acquire
+    from .lock.lock import Lock
+    from .run.decorator import exclusive_job
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,8 @@
-"""Admin pages: see every lock and run; release locks safely.
+"""Admin pages: see every lock and run; force-release locks safely.
 
-Rows are read-only. Releasing a lock marks it released on database time; the old holder's
-next renew or ``ensure_held()`` raises ``LockLost``. Releasing a *live* lock (lease not
-over) needs an extra confirmation, because its job may still be running.
+Rows are read-only. Force-releasing a lock marks it released on database time; the old
+holder's next renew or ``ensure_held()`` raises ``LockLost``. Force-releasing a *held*
+lock (lease not over) needs an extra confirmation, because its job may still be running.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from .conf import app_settings
-from .dbtime import DatabaseNow, database_now, now_plus
+from .lock.clock import DatabaseNow, database_now, now_plus
 from .models import JobLock, JobLockQuerySet, JobRun, LockState, RunStatus
 
 STATE_STYLE = {
@@ -70,7 +70,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = [LockStateFilter]
     search_fields = ["name", "host"]
     ordering = ["name"]
-    actions = ["release_selected", "release_expired"]
+    actions = ["force_release_selected", "force_release_stale"]
     _detail_fields = (
         "name",
         "state_badge",
@@ -90,7 +90,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_per_page = 100
 
     # Read-only rows: nobody adds or edits locks by hand. Deleting a row would lose its
-    # token, so the delete permission is used only for the release actions.
+    # token, so the delete permission is used only for the force-release actions.
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -180,37 +180,41 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     # actions ------------------------------------------------------------------
 
-    @admin.action(description=gettext_lazy("Release selected locks…"), permissions=["delete"])
-    def release_selected(
+    @admin.action(
+        description=gettext_lazy("Force-release selected locks…"), permissions=["delete"]
+    )
+    def force_release_selected(
         self, request: HttpRequest, queryset: QuerySet[JobLock]
     ) -> HttpResponse | None:
         assert isinstance(queryset, JobLockQuerySet)
         locks = list(queryset.with_state().order_by("name"))
         for lock in locks:
             lock.state_label = LockState(lock.state).label  # type: ignore[attr-defined]
-        live = [lock for lock in locks if lock.state == LockState.HELD]  # type: ignore[attr-defined]
+        held = [lock for lock in locks if lock.state == LockState.HELD]  # type: ignore[attr-defined]
         if request.POST.get("post") == "yes":
-            release_live = request.POST.get("release_live") == "yes"
+            release_held = request.POST.get("release_held") == "yes"
             names = [
                 lock.name
                 for lock in locks
-                if lock.state != LockState.HELD or release_live  # type: ignore[attr-defined]
+                if lock.state != LockState.HELD or release_held  # type: ignore[attr-defined]
             ]
-            released = self._release(request, queryset.filter(name__in=names))
+            released = self._force_release(request, queryset.filter(name__in=names))
             if released:
                 self.message_user(
                     request,
-                    ngettext("Released %(n)d lock.", "Released %(n)d locks.", released)
+                    ngettext(
+                        "Force-released %(n)d lock.", "Force-released %(n)d locks.", released
+                    )
                     % {"n": released},
                     messages.SUCCESS,
                 )
-            refused = [lock.name for lock in live if not release_live]
+            refused = [lock.name for lock in held if not release_held]
             if refused:
                 self.message_user(
                     request,
                     _(
-                        "Not released, still live: %(names)s. Their jobs may be running; "
-                        "tick “Also release live locks” to release them."
+                        "Not released, still held: %(names)s. Their jobs may be running; "
+                        "tick “Also force-release held locks” to release them."
                     )
                     % {"names": ", ".join(refused)},
                     messages.WARNING,
@@ -220,41 +224,45 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return None
         context = {
             **self.admin_site.each_context(request),
-            "title": _("Release locks?"),
+            "title": _("Force-release locks?"),
             "opts": self.model._meta,
             "locks": locks,
-            "live": live,
+            "held": held,
             "queryset": queryset,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "action": "release_selected",
+            "action": "force_release_selected",
             "media": self.media,
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(
-            request, "admin/django_exclusive_jobs/joblock/release_confirmation.html", context
+            request, "admin/django_exclusive_jobs/joblock/force_release_confirmation.html", context
         )
 
-    @admin.action(description=gettext_lazy("Release expired locks"), permissions=["delete"])
-    def release_expired(self, request: HttpRequest, queryset: QuerySet[JobLock]) -> None:
+    @admin.action(description=gettext_lazy("Force-release stale locks"), permissions=["delete"])
+    def force_release_stale(self, request: HttpRequest, queryset: QuerySet[JobLock]) -> None:
         assert isinstance(queryset, JobLockQuerySet)
-        released = self._release(request, queryset.stale())
+        released = self._force_release(request, queryset.stale())
         skipped = queryset.count() - released
         self.message_user(
             request,
-            ngettext("Released %(n)d expired lock.", "Released %(n)d expired locks.", released)
+            ngettext(
+                "Force-released %(n)d stale lock.", "Force-released %(n)d stale locks.", released
+            )
             % {"n": released}
-            + (" " + _("%(m)d not expired, left alone.") % {"m": skipped} if skipped else ""),
+            + (" " + _("%(m)d not stale, left alone.") % {"m": skipped} if skipped else ""),
             messages.SUCCESS if released else messages.INFO,
         )
 
-    def _release(self, request: HttpRequest, queryset: QuerySet[JobLock]) -> int:
+    def _force_release(self, request: HttpRequest, queryset: QuerySet[JobLock]) -> int:
         assert isinstance(queryset, JobLockQuerySet)
         locks = list(queryset.closed() | queryset.stale())
         released = queryset.filter(pk__in=[lock.pk for lock in locks]).force_release()
         for lock in locks:
             # The admin's own history ("History" on the lock), version-independent.
             self.log_change(
-                request, lock, f"Released lock (token {lock.token}, holder {lock.owner or '-'})"
+                request,
+                lock,
+                f"Force-released lock (token {lock.token}, holder {lock.holder or '-'})",
             )
         return released
 
@@ -264,7 +272,7 @@ class RunStatusFilter(admin.SimpleListFilter):
     parameter_name = "status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return list(RunStatus.choices)
+        return RunStatus.stored()
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         if self.value():

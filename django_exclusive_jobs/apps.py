@@ -11,7 +11,7 @@ class ExclusiveJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from .checks import check_settings
-        from .registry import autodiscover
+        from .run.registry import autodiscover
 
         checks.register(check_settings)
         autodiscover()

@@ -1,17 +1,20 @@
-"""System checks for ``EXCLUSIVE_JOBS``. Each ID is documented in docs/reference/checks."""
+"""System checks for ``EXCLUSIVE_JOBS``: one ID per problem, each in docs/reference/checks."""
 
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
-from .conf import DEFAULTS
-from .durations import parse_duration
+from .conf import DEFAULTS, GONE
+from .lock.durations import parse_duration
 
 SETTING = "EXCLUSIVE_JOBS"
+PREFIX = "django_exclusive_jobs."
+SQLITE_RETURNING = (3, 35, 0)
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -21,18 +24,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             Error(
                 f"{SETTING} must be a dict, not {type(user).__name__}.",
                 hint=f"Set {SETTING} = {{'TTL': '5m'}} or remove it.",
-                id="django_exclusive_jobs.E001",
+                id=PREFIX + "E001",
             )
         ]
-    errors: list[CheckMessage] = []
-    unknown = sorted(set(user) - set(DEFAULTS))
+    messages: list[CheckMessage] = []
+    unknown = sorted(set(user) - set(DEFAULTS) - set(GONE))
     if unknown:
-        errors.append(
+        messages.append(
             Error(
                 f"{SETTING} has unknown key(s): {', '.join(map(repr, unknown))}.",
                 hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
-                id="django_exclusive_jobs.E002",
+                id=PREFIX + "E002",
             )
+        )
+    for key in sorted(set(user) & set(GONE)):
+        messages.append(
+            Warning(f"{SETTING}[{key!r}] is ignored: {GONE[key]}.", id=PREFIX + "W002")
         )
     merged = {**DEFAULTS, **user}
 
@@ -40,93 +47,66 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         try:
             return parse_duration(merged[key], what=f"{SETTING}[{key!r}]")
         except ValueError as exc:
-            errors.append(
+            messages.append(
                 Error(
                     str(exc),
                     hint="Use seconds or a string like '90s', '15m', '1h'.",
-                    id="django_exclusive_jobs.E003",
+                    id=PREFIX + "E003",
                 )
             )
             return None
 
-    ttl = duration("TTL")
+    def error(id: str, key: str, problem: str, hint: str | None = None) -> None:
+        messages.append(Error(f"{SETTING}[{key!r}] {problem}", hint=hint, id=PREFIX + id))
+
+    ttl, hold = duration("TTL"), duration("MIN_HOLD")
     if ttl is not None and ttl <= dt.timedelta(0):
-        errors.append(
-            Error(
-                f"{SETTING}['TTL'] must be positive.",
-                hint="A lease of a few minutes suits most jobs; keep-alive renews it.",
-                id="django_exclusive_jobs.E003",
-            )
-        )
-    hold = duration("MIN_HOLD")
+        error("E004", "TTL", "must be positive.", "A lease of a few minutes suits most jobs.")
     if hold is not None and (hold < dt.timedelta(0) or (ttl is not None and hold > ttl)):
-        errors.append(
-            Error(
-                f"{SETTING}['MIN_HOLD'] must be between 0 and TTL.",
-                hint="MIN_HOLD longer than the lease would let the lease end first.",
-                id="django_exclusive_jobs.E004",
-            )
-        )
-    busy = duration("SQLITE_BUSY_TIMEOUT")
-    if busy is not None and busy < dt.timedelta(0):
-        errors.append(
-            Error(
-                f"{SETTING}['SQLITE_BUSY_TIMEOUT'] must not be negative.",
-                id="django_exclusive_jobs.E003",
-            )
-        )
-    tolerance = duration("SLOT_TOLERANCE")
-    if tolerance is not None and tolerance < dt.timedelta(0):
-        errors.append(
-            Error(
-                f"{SETTING}['SLOT_TOLERANCE'] must not be negative.",
-                hint="It is how early a server may start and still serve the coming slot.",
-                id="django_exclusive_jobs.E007",
-            )
-        )
-    keep = duration("KEEP_RUNS")
-    if keep is not None and keep <= dt.timedelta(0):
-        errors.append(
-            Error(
-                f"{SETTING}['KEEP_RUNS'] must be positive.",
-                hint="prune_job_runs deletes runs older than this; 30 days is the default.",
-                id="django_exclusive_jobs.E007",
-            )
-        )
-    factor = merged["SUSPECT_FACTOR"]
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
-        errors.append(
-            Error(
-                f"{SETTING}['SUSPECT_FACTOR'] must be a number above 1, not {factor!r}.",
-                hint="A run is suspect when it lasts this many times its job's median.",
-                id="django_exclusive_jobs.E008",
-            )
-        )
+        error("E005", "MIN_HOLD", "must be between 0 and TTL.", "A longer hold outlives the lease.")
     alias = merged["DATABASE"]
     if alias is not None and alias not in settings.DATABASES:
-        errors.append(
-            Error(
-                f"{SETTING}['DATABASE'] is {alias!r}, which is not in DATABASES.",
-                hint=f"Use one of: {', '.join(sorted(settings.DATABASES))}, or None.",
-                id="django_exclusive_jobs.E005",
-            )
+        error("E006", "DATABASE", f"is {alias!r}, which is not in DATABASES.",
+            f"Use one of: {', '.join(sorted(settings.DATABASES))}, or None.",
         )
-    elif alias is not None and settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
-        errors.append(
+    if not isinstance(merged["KEEPALIVE"], bool):
+        error("E007", "KEEPALIVE", "must be True or False.")
+    tolerance = duration("SLOT_TOLERANCE")
+    if tolerance is not None and tolerance < dt.timedelta(0):
+        error("E008", "SLOT_TOLERANCE", "must not be negative.", "How early a start may be.")
+    keep = duration("KEEP_RUNS")
+    if keep is not None and keep <= dt.timedelta(0):
+        error("E009", "KEEP_RUNS", "must be positive.", "prune_job_runs keeps this much history.")
+    factor = merged["SUSPECT_FACTOR"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
+        error("E010", "SUSPECT_FACTOR", f"must be a number above 1, not {factor!r}.")
+    busy = duration("BUSY_TIMEOUT")
+    if busy is not None and busy < dt.timedelta(0):
+        error("E011", "BUSY_TIMEOUT", "must not be negative.")
+    messages += _check_databases(alias)
+    return messages
+
+
+def _check_databases(alias: str | None) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    if alias is not None and settings.DATABASES.get(alias, {}).get("ATOMIC_REQUESTS"):
+        messages.append(
             Warning(
                 f"The lock database {alias!r} has ATOMIC_REQUESTS on; a lock taken in a "
                 "view would be invisible to other servers until the request ends.",
                 hint="Point EXCLUSIVE_JOBS['DATABASE'] at a second alias without "
                 "ATOMIC_REQUESTS for the same database.",
-                id="django_exclusive_jobs.W001",
+                id=PREFIX + "W001",
             )
         )
-    for key in ("KEEPALIVE", "PREPARE_STATEMENTS"):
-        if not isinstance(merged[key], bool):
-            errors.append(
-                Error(
-                    f"{SETTING}[{key!r}] must be True or False.",
-                    id="django_exclusive_jobs.E006",
-                )
+    uses_sqlite = any("sqlite3" in str(db.get("ENGINE", "")) for db in settings.DATABASES.values())
+    if uses_sqlite and sqlite3.sqlite_version_info < SQLITE_RETURNING:
+        messages.append(
+            Error(
+                f"SQLite {sqlite3.sqlite_version} is too old for the lock: it needs 3.35 or "
+                "later (UPDATE ... RETURNING).",
+                hint="Use a Python built against a newer SQLite, or the pysqlite3 package.",
+                id=PREFIX + "E012",
             )
-    return errors
+        )
+    return messages

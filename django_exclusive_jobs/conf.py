@@ -24,13 +24,16 @@ DEFAULTS: dict[str, Any] = {
     # A held lock is "suspect" when its run has lasted this many times the job's
     # median successful duration.
     "SUSPECT_FACTOR": 3,
-    # How long to keep retrying when SQLite says "database is locked" (and a MariaDB or
-    # MySQL statement picked as a deadlock victim or timed out waiting for a row lock).
-    "SQLITE_BUSY_TIMEOUT": dt.timedelta(seconds=30),
-    # Make the lock's statements prepared statements once a connection has
-    # run them a few times, so the server stops planning them on every call.
-    # MariaDB and MySQL prepare them too (PREPARE ... FROM, then EXECUTE).
-    "PREPARE_STATEMENTS": True,
+    # How long to keep retrying a statement the database refused for contention:
+    # SQLite's "database is locked", a MySQL/MariaDB deadlock or row-lock timeout.
+    "BUSY_TIMEOUT": dt.timedelta(seconds=30),
+}
+
+# Settings that existed before and what became of them (system check W002).
+GONE = {
+    "PREPARE_STATEMENTS": "it is gone: the lock's statements run through Django's cursor "
+    "like every other query (to prepare them, set the driver's own options in DATABASES)",
+    "SQLITE_BUSY_TIMEOUT": "it was renamed BUSY_TIMEOUT (it covers MySQL and MariaDB too)",
 }
 
 
@@ -39,11 +42,6 @@ class _Settings:
 
     def user_settings(self) -> Any:
         return getattr(settings, "EXCLUSIVE_JOBS", {})
-
-    def current(self) -> dict[str, Any]:
-        """Every setting at once, from one read of ``settings.EXCLUSIVE_JOBS``."""
-        user = self.user_settings()
-        return {**DEFAULTS, **user} if isinstance(user, dict) else DEFAULTS
 
     def __getattr__(self, key: str) -> Any:
         if key not in DEFAULTS:

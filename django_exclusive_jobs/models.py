@@ -10,7 +10,8 @@ from django.db import models
 from django.db.models import Case, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
-from .dbtime import DatabaseNow, now_plus
+from .lock.clock import DatabaseNow, now_plus
+from .run.status import RunStatus
 
 
 class JobNameField(models.CharField):  # type: ignore[type-arg]
@@ -143,26 +144,11 @@ class JobLock(models.Model):
         return str(self.name)
 
     @property
-    def owner(self) -> str:
+    def holder(self) -> str:
         """Who holds (or last held) the lock: ``host:pid:instance``."""
         if not self.instance:
             return ""
         return f"{self.host}:{self.pid}:{self.instance[:8]}"
-
-
-class RunStatus(models.TextChoices):
-    """How a run ended (``running`` while it goes on, or when its server died)."""
-
-    RUNNING = "running", _("running")
-    SUCCEEDED = "succeeded", _("succeeded")
-    FAILED = "failed", _("failed")
-    INTERRUPTED = "interrupted", _("interrupted")
-    LOST = "lost", _("lost")
-
-    @classmethod
-    def unsuccessful(cls) -> list[str]:
-        """The ends a later start may retry with ``retry_failed``: the job did not finish."""
-        return [cls.FAILED, cls.INTERRUPTED, cls.LOST]
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
@@ -229,7 +215,7 @@ class JobRun(models.Model):
         help_text=_("The scheduled instant this run serves; one run per job and slot."),
     )
     status = models.CharField(
-        _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING
+        _("status"), max_length=16, choices=RunStatus.stored(), default=RunStatus.RUNNING
     )
     host = models.CharField(_("host"), max_length=255, blank=True)
     pid = models.IntegerField(_("process id"), null=True, blank=True)
@@ -264,8 +250,8 @@ class JobRun(models.Model):
         return f"{self.name} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
 
     @property
-    def owner(self) -> str:
-        """Who made the run: ``host:pid:instance`` (the same form as the lock's holder)."""
+    def holder(self) -> str:
+        """The lock holder that made the run: ``host:pid:instance``."""
         if not self.instance:
             return ""
         return f"{self.host}:{self.pid}:{self.instance[:8]}"

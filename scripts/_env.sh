@@ -85,7 +85,7 @@ run_on_django() {  # run_on_django PYTHON_VERSION DJANGO_SPEC SUFFIX pytest-args
     if [ ! -x "$venv/bin/python" ]; then
         "$python" -m venv "$venv"
     fi
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$spec" -e ".[postgres,mysql,cron,test]" 2>&1 \
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "$spec" -e ".[postgres,mysql,test]" 2>&1 \
         | grep -v "^WARNING: Location" >&2 || true
     log "tests on $("$venv/bin/python" -c 'import django, sys; print("Django", django.get_version(), "Python", sys.version.split()[0])')"
     EXCLUSIVE_JOBS_TEST_DB_SUFFIX="_$suffix" "$venv/bin/python" -m pytest "$@"

@@ -19,5 +19,5 @@ echo "== the lock table afterwards"
 "$PY" manage.py shell -v 0 -c "
 from django_exclusive_jobs.models import JobLock
 for lock in JobLock.objects.with_state():
-    print(f'{lock.name}: state={lock.state} token={lock.token} last holder={lock.owner}')
+    print(f'{lock.name}: state={lock.state} token={lock.token} last holder={lock.holder}')
 "

@@ -201,7 +201,7 @@ def hold_through_outage(
     from django.db import connections
 
     from django_exclusive_jobs import signals, try_acquire
-    from django_exclusive_jobs.runner import JobRunner
+    from django_exclusive_jobs.run.runner import JobRunner
 
     logger = logging.getLogger("django_exclusive_jobs")
     counter = _RetryCounter()
@@ -226,7 +226,7 @@ def hold_through_outage(
             result = runner.run(target)
             assert runner.lock is not None
             report.update(
-                outcome=result.outcome.value,
+                status=result.status.value,
                 token=result.token,
                 expires_at=runner.lock.expires_at,
                 run_id=runner.run_id,

@@ -21,7 +21,7 @@ def serve_commands(conn: Connection) -> None:
     from django.db import connections
 
     from django_exclusive_jobs import try_acquire
-    from django_exclusive_jobs.locks import Lock, identity
+    from django_exclusive_jobs.lock.lock import Lock, process
 
     held: dict[str, Lock] = {}
     while True:
@@ -32,8 +32,8 @@ def serve_commands(conn: Connection) -> None:
             if verb == "stop":
                 conn.send((True, None))
                 return
-            if verb == "owner":
-                result = identity.owner()
+            if verb == "holder":
+                result = process.holder()
             elif verb == "acquire":
                 alias, name, kwargs = args
                 lock = try_acquire(name, using=alias, **kwargs)
@@ -44,14 +44,6 @@ def serve_commands(conn: Connection) -> None:
                 (name,) = args
                 names = [name] if name else list(held)
                 result = all(held.pop(n).release() for n in names if n in held)
-            elif verb == "prepared_statements":
-                (alias,) = args
-                with connections[alias].cursor() as cursor:
-                    cursor.execute(
-                        "SELECT name FROM pg_prepared_statements"
-                        " WHERE name LIKE 'exclusive_jobs_%%' ORDER BY name"
-                    )
-                    result = [name for (name,) in cursor.fetchall()]
             elif verb == "forget":
                 for lock in held.values():
                     lock.stop_keepalive()

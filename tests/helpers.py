@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django_exclusive_jobs.dbtime import now_plus
+from django_exclusive_jobs.lock.clock import now_plus
 from django_exclusive_jobs.models import JobLock
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -39,7 +39,7 @@ class OtherServer:
         child.close()
         self._mutex = threading.Lock()
         self.alias = "default"
-        self.owner = self.call("owner")
+        self.holder = self.call("holder")
 
     def call(self, *command: Any) -> Any:
         with self._mutex:

@@ -91,7 +91,7 @@ def choose_action(page: Any, names: list[str], action: str) -> None:
     page.click("button[name=index]")
 
 
-def test_on_call_engineer_releases_a_dead_lock_but_not_a_live_one(
+def test_on_call_engineer_force_releases_a_stale_lock_but_not_a_held_one(
     browser: Any, live_server: Any
 ) -> None:
     User.objects.create_superuser("oncall", password="correct horse")
@@ -123,18 +123,18 @@ def test_on_call_engineer_releases_a_dead_lock_but_not_a_live_one(
             shot(page, "admin-locks")
 
             # The expired lock goes through the safe action.
-            choose_action(page, ["cleanup_sessions"], "release_expired")
-            assert "Released 1 expired lock." in page.locator(".messagelist").inner_text()
+            choose_action(page, ["cleanup_sessions"], "force_release_stale")
+            assert "Force-released 1 stale lock." in page.locator(".messagelist").inner_text()
             assert state_of("cleanup_sessions") == LockState.FREE
 
             # The live one is shown as live and refused without the extra box.
-            choose_action(page, ["hourly_report"], "release_selected")
-            assert "LIVE: its job may still be running" in page.inner_text("#release-list")
-            assert page.locator("#release-live").is_visible()
-            shot(page, "admin-release-confirmation")
-            page.click("input[type=submit][value='Yes, release']")
+            choose_action(page, ["hourly_report"], "force_release_selected")
+            assert "HELD: its job may still be running" in page.inner_text("#force-release-list")
+            assert page.locator("#release-held").is_visible()
+            shot(page, "admin-force-release-confirmation")
+            page.click("input[type=submit][value='Yes, force-release']")
             assert (
-                "Not released, still live: hourly_report"
+                "Not released, still held: hourly_report"
                 in page.locator(".messagelist").inner_text()
             )
             assert state_of("hourly_report") == LockState.HELD

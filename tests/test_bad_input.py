@@ -193,7 +193,7 @@ CASES = [
         id="setting-unknown-key",
     ),
     pytest.param(
-        Case(("quick",), "E005", prepare=settings_with("EXCLUSIVE_JOBS = {'DATABASE': 'x'}")),
+        Case(("quick",), "E006", prepare=settings_with("EXCLUSIVE_JOBS = {'DATABASE': 'x'}")),
         id="setting-unknown-database",
     ),
     pytest.param(
@@ -217,7 +217,7 @@ STARTUP_FAILURES = [
             jobs="from django_exclusive_jobs import exclusive_job\n\n"
             "@exclusive_job('report', ttl=-1)\ndef report():\n    pass\n",
         ),
-        "django_exclusive_jobs.exceptions.LockConfigurationError: ttl must be positive, got -1s.",
+        "django_exclusive_jobs.lock.errors.LockConfigurationError: ttl must be positive, got -1s.",
         id="jobs-module-bad-decorator",
     ),
 ]

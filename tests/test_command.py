@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from django_exclusive_jobs import release_lock
+from django_exclusive_jobs import force_release
 from django_exclusive_jobs.models import JobLock
 
 from .helpers import other_holder
@@ -126,8 +126,8 @@ def test_job_runs_and_exits_0(alias: str, marker: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert runs(marker, "quick") == 1
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("acquired quick token=1 owner=")
-    assert lines[1].startswith("finished quick outcome=succeeded")
+    assert lines[0].startswith("acquired quick token=1 holder=")
+    assert lines[1].startswith("finished quick status=succeeded")
     assert JobLock.objects.using(alias).free().filter(name="quick").exists()
 
 
@@ -141,7 +141,7 @@ def test_skip_exits_0_with_one_line_saying_who_holds_it(alias: str, marker: Path
     assert result.stdout.splitlines() == [
         line for line in result.stdout.splitlines() if line.startswith("skipped quick: held by")
     ]
-    assert other.owner in result.stdout
+    assert other.holder in result.stdout
     assert result.stderr == ""
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
     assert custom.returncode == 75
@@ -153,7 +153,7 @@ def test_failing_job_exits_1_and_releases(alias: str, marker: Path) -> None:
     assert result.returncode == 1
     assert runs(marker, "broken") == 1
     assert "RuntimeError: the report server said no" in result.stderr
-    assert "outcome=failed" in result.stderr
+    assert "status=failed" in result.stderr
     assert JobLock.objects.using(alias).free().filter(name="broken").exists()
 
 
@@ -261,7 +261,7 @@ def test_sigterm_stops_job_releases_lock_and_exits_143(
     holder.send_signal(signal.SIGTERM)
     _out, err = holder.communicate(timeout=60)
     assert holder.returncode == 128 + signal.SIGTERM
-    assert "outcome=interrupted" in err
+    assert "status=interrupted" in err
     assert runs(marker, "slow-end") == 0
     # released at once (no min_hold): the next run starts straight away
     again = manage(alias, "quick", env=env)
@@ -340,10 +340,10 @@ def test_lost_lock_kills_child_and_exits_4(
     )
     wait_for(ready.exists)
     started = time.monotonic()
-    assert release_lock("guarded", using=alias)  # an operator clears it
+    assert force_release("guarded", using=alias)  # an operator clears it
     _out, err = holder.communicate(timeout=60)
     assert holder.returncode == 4, err
-    assert "outcome=lost" in err
+    assert "status=lost" in err
     assert time.monotonic() - started < 30
 
 

@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from django_exclusive_jobs import LockConfigurationError, exclusive_lock, try_acquire
 from django_exclusive_jobs.checks import check_settings
-from django_exclusive_jobs.durations import parse_duration
+from django_exclusive_jobs.lock.durations import parse_duration
 
 from .helpers import other_holder
 
@@ -55,17 +55,33 @@ CHECK_CASES = [
     pytest.param(["not", "a", "dict"], "django_exclusive_jobs.E001", id="not-a-dict"),
     pytest.param({"TTLS": 5}, "django_exclusive_jobs.E002", id="unknown-key"),
     pytest.param({"TTL": "soon"}, "django_exclusive_jobs.E003", id="bad-ttl"),
-    pytest.param({"TTL": 0}, "django_exclusive_jobs.E003", id="zero-ttl"),
-    pytest.param({"TTL": 10, "MIN_HOLD": 20}, "django_exclusive_jobs.E004", id="hold-gt-ttl"),
-    pytest.param({"MIN_HOLD": -1}, "django_exclusive_jobs.E004", id="negative-hold"),
-    pytest.param({"DATABASE": "nope"}, "django_exclusive_jobs.E005", id="unknown-alias"),
-    pytest.param({"KEEPALIVE": "yes"}, "django_exclusive_jobs.E006", id="keepalive-not-bool"),
-    pytest.param({"SLOT_TOLERANCE": -5}, "django_exclusive_jobs.E007", id="negative-tolerance"),
+    pytest.param({"TTL": 0}, "django_exclusive_jobs.E004", id="zero-ttl"),
+    pytest.param({"TTL": 10, "MIN_HOLD": 20}, "django_exclusive_jobs.E005", id="hold-gt-ttl"),
+    pytest.param({"MIN_HOLD": -1}, "django_exclusive_jobs.E005", id="negative-hold"),
+    pytest.param({"DATABASE": "nope"}, "django_exclusive_jobs.E006", id="unknown-alias"),
+    pytest.param({"KEEPALIVE": "yes"}, "django_exclusive_jobs.E007", id="keepalive-not-bool"),
+    pytest.param({"SLOT_TOLERANCE": -5}, "django_exclusive_jobs.E008", id="negative-tolerance"),
     pytest.param({"SLOT_TOLERANCE": "later"}, "django_exclusive_jobs.E003", id="bad-tolerance"),
-    pytest.param({"KEEP_RUNS": 0}, "django_exclusive_jobs.E007", id="zero-keep-runs"),
-    pytest.param({"SUSPECT_FACTOR": 1}, "django_exclusive_jobs.E008", id="factor-one"),
-    pytest.param({"SUSPECT_FACTOR": "3"}, "django_exclusive_jobs.E008", id="factor-string"),
+    pytest.param({"KEEP_RUNS": 0}, "django_exclusive_jobs.E009", id="zero-keep-runs"),
+    pytest.param({"SUSPECT_FACTOR": 1}, "django_exclusive_jobs.E010", id="factor-one"),
+    pytest.param({"SUSPECT_FACTOR": "3"}, "django_exclusive_jobs.E010", id="factor-string"),
+    pytest.param({"BUSY_TIMEOUT": -1}, "django_exclusive_jobs.E011", id="negative-busy-timeout"),
+    pytest.param({"PREPARE_STATEMENTS": True}, "django_exclusive_jobs.W002", id="gone-prepare"),
+    pytest.param({"SQLITE_BUSY_TIMEOUT": 5}, "django_exclusive_jobs.W002", id="renamed-busy"),
 ]
+
+
+def test_each_check_id_is_one_problem() -> None:
+    """Cases that share an ID report the same setting; only E003 ("not a duration") spans
+    several settings, because it is one problem wherever it happens."""
+    settings_by_id: dict[str, set[str]] = {}
+    for case in CHECK_CASES:
+        value, check_id = case.values
+        with override_settings(EXCLUSIVE_JOBS=value):
+            (message,) = [m for m in check_settings() if m.id == check_id]
+        settings_by_id.setdefault(check_id, set()).add(str(message.msg).split("]")[0])
+    shared = {key: found for key, found in settings_by_id.items() if len(found) > 1}
+    assert set(shared) <= {"django_exclusive_jobs.E003", "django_exclusive_jobs.W002"}
 
 
 @pytest.mark.parametrize(("value", "check_id"), CHECK_CASES)
@@ -93,7 +109,7 @@ def test_good_settings_pass_the_checks() -> None:
 def test_manage_py_check_runs_our_checks() -> None:
     with (
         override_settings(EXCLUSIVE_JOBS={"TTL": -1}),
-        pytest.raises(SystemCheckError, match="E003"),
+        pytest.raises(SystemCheckError, match="E004"),
     ):
         call_command("check")
 

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from django_exclusive_jobs import LockConfigurationError, LockHeld, exclusive_job
-from django_exclusive_jobs.registry import get_job
+from django_exclusive_jobs.run.registry import get_job
 from django_exclusive_jobs.signals import job_finished, job_skipped, job_started
 
 from .helpers import other_holder
@@ -66,7 +66,7 @@ def test_held_elsewhere_returns_none_and_sends_job_skipped(
         assert job() is None
     assert ran == []
     assert [(name, data["signal"]) for name, data in events] == [("deco-held", job_skipped)]
-    assert events[0][1]["holder"] == other.owner
+    assert events[0][1]["holder"] == other.holder
 
 
 def test_on_held_raise(alias: str) -> None:
@@ -78,7 +78,7 @@ def test_on_held_raise(alias: str) -> None:
         other.try_acquire("deco-raise", ttl=60)
         with pytest.raises(LockHeld) as info:
             job()
-    assert info.value.owner == other.owner
+    assert info.value.holder == other.holder
 
 
 def test_job_exception_propagates_and_is_reported(
@@ -91,7 +91,7 @@ def test_job_exception_propagates_and_is_reported(
     with pytest.raises(KeyError):
         job()
     finished = [data for _name, data in events if data["signal"] is job_finished]
-    assert finished[0]["outcome"] == "failed"
+    assert finished[0]["status"] == "failed"
     assert isinstance(finished[0]["exception"], KeyError)
     assert finished[0]["duration"] >= 0
 
@@ -107,7 +107,7 @@ def test_started_and_finished_signals_carry_the_lock(
     kinds = [data["signal"] for _name, data in events]
     assert kinds == [job_started, job_finished]
     assert events[0][1]["lock"].token == 1
-    assert events[1][1]["outcome"] == "succeeded"
+    assert events[1][1]["status"] == "succeeded"
 
 
 @pytest.fixture

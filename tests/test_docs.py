@@ -32,11 +32,12 @@ from django.core.management.base import CommandError
 from django.db import connections
 from django.test import override_settings
 
-from django_exclusive_jobs import LockConfigurationError, conf, registry, signals, try_acquire
+from django_exclusive_jobs import LockConfigurationError, conf, signals, try_acquire
+from django_exclusive_jobs.run import registry
 from django_exclusive_jobs.checks import check_settings
-from django_exclusive_jobs.durations import parse_duration
+from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
-from django_exclusive_jobs.schedules import make_schedule
+from django_exclusive_jobs.run.schedules import make_schedule
 
 from .conftest import clean_tables
 
@@ -385,13 +386,13 @@ def test_manual_lock_snippet(sqlite: str) -> None:
 
 def test_manual_lock_snippet_refuses_to_commit_after_a_release(sqlite: str) -> None:
     """An operator releasing the lock mid-run makes ensure_held() refuse to commit."""
-    from django_exclusive_jobs import release_lock
+    from django_exclusive_jobs import force_release
 
     snippet = load_snippet("manual_lock")
 
     class Items(list[str]):
         def __iter__(self) -> Iterator[str]:
-            release_lock("import_feed")  # cleared from the admin while we work
+            force_release("import_feed")  # cleared from the admin while we work
             return super().__iter__()
 
     assert snippet.import_feed(Items(["a"])) is None
@@ -432,7 +433,7 @@ def test_async_job_snippet(sqlite: str) -> None:
 def test_signals_snippet_sees_failures_skips_and_lost_locks(
     sqlite: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from django_exclusive_jobs import exclusive_job, release_lock
+    from django_exclusive_jobs import exclusive_job, force_release
 
     load_snippet("signals_alerts")
     try:
@@ -443,7 +444,7 @@ def test_signals_snippet_sees_failures_skips_and_lost_locks(
 
         @exclusive_job("docs_losing_job")
         def losing() -> None:
-            release_lock("docs_losing_job")
+            force_release("docs_losing_job")
 
         caplog.set_level(logging.INFO, logger="ops")
         with pytest.raises(RuntimeError):
@@ -451,7 +452,7 @@ def test_signals_snippet_sees_failures_skips_and_lost_locks(
         alerts = [r.getMessage() for r in caplog.records if r.name == "ops.alerts"]
         assert any("docs_failing_job failed" in line for line in alerts)
         metrics = [r.getMessage() for r in caplog.records if r.name == "ops.metrics"]
-        assert any("job=docs_failing_job outcome=failed" in line for line in metrics)
+        assert any("job=docs_failing_job status=failed" in line for line in metrics)
 
         held = hold_in_other_thread("docs_failing_job")
         try:
@@ -459,7 +460,7 @@ def test_signals_snippet_sees_failures_skips_and_lost_locks(
         finally:
             held.release()
         metrics = [r.getMessage() for r in caplog.records if r.name == "ops.metrics"]
-        assert any("job=docs_failing_job outcome=skipped" in line for line in metrics)
+        assert any("job=docs_failing_job status=skipped" in line for line in metrics)
 
         caplog.clear()
         losing()

@@ -24,8 +24,8 @@ from django.conf import settings
 from django.db import connections
 
 from django_exclusive_jobs import try_acquire
-from django_exclusive_jobs.dbtime import database_now
-from django_exclusive_jobs.locks import Lock
+from django_exclusive_jobs.lock.clock import database_now
+from django_exclusive_jobs.lock.lock import Lock
 from django_exclusive_jobs.models import JobLock, JobRun, LockState, RunStatus
 
 from . import _fault_workers
@@ -391,7 +391,7 @@ def test_paused_holder_learns_it_lost_at_next_renewal_and_fencing_refuses_its_to
             "could not renew before the lease ran out: no renewal got through" in err
             or "the lease ran out or the lock was cleared or taken over" in err
         ), err
-        assert "outcome=lost" in err
+        assert "status=lost" in err
         with pytest.raises(ProcessLookupError):
             os.kill(child_pid, 0)  # stopped and reaped
         # The stale holder's write comes too late: the fence refuses its lower token.
@@ -503,7 +503,7 @@ def test_run_layer_records_the_end_of_a_run_after_an_outage(
         report = outcome_of(events)
     finally:
         finish_worker(worker)
-    assert report["outcome"] == status
+    assert report["status"] == status
     run = JobRun.objects.using(alias).get(name="outage-run", token=token)
     assert run.status == status
     assert run.finished_at is not None
@@ -525,7 +525,7 @@ def test_run_exclusive_after_a_short_outage_reports_the_run_that_happened(
     out, err = holder.communicate(timeout=60)
     assert runs(marker, "slow-end") == 1  # the job did run to its end
     assert holder.returncode == 0, err
-    assert "finished slow outcome=succeeded" in out
+    assert "finished slow status=succeeded" in out
     assert JobLock.objects.using(alias).free().filter(name="slow").exists()
     assert JobRun.objects.using(alias).get(name="slow").status == RunStatus.SUCCEEDED
 
@@ -556,7 +556,7 @@ def test_outage_longer_than_lease_holder_is_lost_before_another_takes_over(
         if rival is not None:
             rival.release()
     assert rival is not None and won_at is not None, "nobody took the lock during the outage"
-    assert report["outcome"] == "lost"
+    assert report["status"] == "lost"
     assert report["lost_at"] is not None
     assert "could not renew before the lease ran out" in report["lost_reason"]
     # Never two holders: the rival won only after the first stopped counting itself as

@@ -7,9 +7,9 @@ import datetime as dt
 import pytest
 from django.core.management import call_command
 
-from django_exclusive_jobs import LockLost, exclusive_job, release_lock, try_acquire
-from django_exclusive_jobs.dbtime import now_plus
-from django_exclusive_jobs.history import prune_runs
+from django_exclusive_jobs import LockLost, exclusive_job, force_release, try_acquire
+from django_exclusive_jobs.lock.clock import now_plus
+from django_exclusive_jobs.run.history import prune_runs
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 
 from .helpers import expire_now, other_holder
@@ -28,7 +28,7 @@ def test_every_run_is_recorded_with_holder_token_and_duration(alias: str) -> Non
     assert all(run.slot is None for run in runs)
     assert all(run.finished_at is not None and run.finished_at >= run.started_at for run in runs)
     assert all(run.duration is not None and run.duration >= 0 for run in runs)
-    assert runs[0].owner and runs[0].pid
+    assert runs[0].holder and runs[0].pid
 
 
 def test_failure_is_recorded_with_type_and_traceback(alias: str) -> None:
@@ -118,7 +118,7 @@ def test_run_whose_lock_was_cleared_mid_run_is_recorded_lost_and_can_be_retried(
     def job() -> None:
         calls.append(1)
         if len(calls) == 1:
-            release_lock("hist-cleared", using=alias)  # an operator clears it mid-run
+            force_release("hist-cleared", using=alias)  # an operator clears it mid-run
 
     job()
     run = JobRun.objects.using(alias).get(name="hist-cleared")

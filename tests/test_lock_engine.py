@@ -15,11 +15,11 @@ from django_exclusive_jobs import (
     LockHeld,
     LockLost,
     exclusive_lock,
-    release_lock,
+    force_release,
     try_acquire,
 )
-from django_exclusive_jobs.dbtime import database_now
-from django_exclusive_jobs.locks import identity
+from django_exclusive_jobs.lock.clock import database_now
+from django_exclusive_jobs.lock.lock import process
 from django_exclusive_jobs.models import JobLock, LockState
 from django_exclusive_jobs.signals import lock_lost
 
@@ -31,12 +31,12 @@ def test_first_acquire_creates_row_and_token_one(alias: str) -> None:
     assert lock is not None
     assert lock.held
     assert lock.token == 1
-    assert lock.owner == identity.owner()
+    assert lock.holder == process.holder()
     saved = row(alias, "report")
     assert (saved.host, saved.pid, saved.instance) == (
-        identity.host,
-        identity.pid,
-        identity.instance,
+        process.host,
+        process.pid,
+        process.instance,
     )
     assert saved.expires_at is not None and saved.acquired_at is not None
     assert (
@@ -133,7 +133,7 @@ def test_token_never_reused_across_release_takeover_and_clear(alias: str) -> Non
     expire_now(alias, "fence")
     with other_holder(alias) as other:  # takeover
         tokens.append(other.try_acquire("fence", ttl=30))
-    assert release_lock("fence", using=alias)  # manual clear
+    assert force_release("fence", using=alias)  # manual clear
     lock = try_acquire("fence", using=alias, ttl=30)
     assert lock is not None
     tokens.append(lock.token)
@@ -152,7 +152,7 @@ def test_manual_clear_makes_holder_lose(alias: str) -> None:
     try:
         lock = try_acquire("report", using=alias, ttl=30)
         assert lock is not None
-        assert release_lock("report", using=alias)
+        assert force_release("report", using=alias)
         with pytest.raises(LockLost):
             lock.renew()
         assert not lock.held
@@ -233,7 +233,7 @@ def test_context_manager_raises_lock_held_with_holder(alias: str) -> None:
         other.try_acquire("report", ttl=30)
         with pytest.raises(LockHeld) as info, exclusive_lock("report", using=alias):
             pytest.fail("must not run")
-    assert info.value.owner == other.owner
+    assert info.value.holder == other.holder
     assert info.value.expires_at is not None
 
 
@@ -288,7 +288,7 @@ def test_keepalive_reports_takeover_as_lost(alias: str) -> None:
 
 def test_watchdog_gives_up_a_lock_whose_renewals_never_come_back(alias: str) -> None:
     """A renewal stuck on a silent database must not keep the job going past its lease."""
-    from django_exclusive_jobs.keepalive import KeepAlive
+    from django_exclusive_jobs.lock.keepalive import KeepAlive
 
     reasons: list[str] = []
 

@@ -56,39 +56,50 @@ def test_json_output(alias: str, two_locks: object) -> None:
     ]
     assert records[1]["seconds_left"] > 500
     assert records[0]["seconds_left"] < 0
-    assert records[1]["owner"] == two_locks.owner  # type: ignore[attr-defined]
+    assert records[1]["holder"] == two_locks.holder  # type: ignore[attr-defined]
 
 
-def test_release_refuses_a_live_lock_without_force(alias: str, two_locks: object) -> None:
-    with pytest.raises(CommandError, match="is live") as info:
-        run(alias, "--release", "live")
+def test_force_release_refuses_a_held_lock_without_live(alias: str, two_locks: object) -> None:
+    with pytest.raises(CommandError, match="is held by") as info:
+        run(alias, "force-release", "live")
     assert info.value.returncode == 1
-    assert "--force" in str(info.value)
+    assert "--live" in str(info.value)
     assert state_of(alias, "live") == LockState.HELD
 
 
-def test_release_with_force_frees_a_live_lock_and_its_holder_loses(alias: str) -> None:
+def test_force_release_with_live_frees_a_held_lock_and_its_holder_loses(alias: str) -> None:
     lock = try_acquire("mine", using=alias, ttl=600)
     assert lock is not None
-    assert "released mine (was held" in run(alias, "--release", "mine", "--force")
+    assert "force-released mine (was held" in run(alias, "force-release", "mine", "--live")
     assert state_of(alias, "mine") == LockState.FREE
     with pytest.raises(LockLost):
         lock.renew()
 
 
-def test_release_stale(alias: str, two_locks: object) -> None:
-    assert run(alias, "--release-stale").strip() == "released 1 stale lock(s)"
+def test_force_release_stale(alias: str, two_locks: object) -> None:
+    assert run(alias, "force-release", "--stale").strip() == "force-released 1 stale lock(s)"
     assert state_of(alias, "dead") == LockState.FREE
     assert state_of(alias, "live") == LockState.HELD
 
 
-def test_release_unknown_lock_exits_1(alias: str) -> None:
+def test_force_release_unknown_lock_exits_1(alias: str) -> None:
     with pytest.raises(CommandError, match="No lock named 'ghost'") as info:
-        run(alias, "--release", "ghost")
+        run(alias, "force-release", "ghost")
     assert info.value.returncode == 1
 
 
 def test_unknown_database_exits_2() -> None:
     with pytest.raises(CommandError, match="Unknown database alias") as info:
         call_command("exclusive_locks", "--database", "nope")
+    assert info.value.returncode == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("force-release",), ("force-release", "x", "--stale"), ("list", "x")],
+    ids=["nothing-to-release", "name-and-stale", "list-with-name"],
+)
+def test_force_release_needs_one_target(args: tuple[str, ...]) -> None:
+    with pytest.raises(CommandError) as info:
+        call_command("exclusive_locks", *args)
     assert info.value.returncode == 2

@@ -18,7 +18,7 @@ import pytest
 from django.db import OperationalError, connections
 
 from django_exclusive_jobs import exclusive_job, try_acquire
-from django_exclusive_jobs.locks import identity
+from django_exclusive_jobs.lock.lock import process
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 
 from .helpers import expire_now, row
@@ -77,7 +77,7 @@ def test_retried_takeover_that_committed_is_our_lock_not_someone_elses(
     assert lock is not None, "our own committed takeover was taken for another holder"
     assert lock.token == first.token + 1  # taken once, not twice
     saved = row(alias, "retried-take")
-    assert (saved.token, saved.instance, saved.released_at) == (lock.token, identity.instance, None)
+    assert (saved.token, saved.instance, saved.released_at) == (lock.token, process.instance, None)
     assert lock.release()
 
 

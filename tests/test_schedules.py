@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 
 from django_exclusive_jobs import LockConfigurationError
-from django_exclusive_jobs.schedules import Cron, Every, make_schedule
+from django_exclusive_jobs.run.schedules import Cron, Every, make_schedule
 
 UTC = dt.timezone.utc
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")

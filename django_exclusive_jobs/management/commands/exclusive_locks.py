@@ -1,4 +1,4 @@
-"""``manage.py exclusive_locks``: list locks and release stale ones, without a browser."""
+"""``manage.py exclusive_locks [list | force-release NAME | force-release --stale]``."""
 
 from __future__ import annotations
 
@@ -7,67 +7,79 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_exclusive_jobs.dbtime import database_now
-from django_exclusive_jobs.exceptions import JobLockError
-from django_exclusive_jobs.locks import check_outside_transaction, resolve_alias, run_statement
+from django_exclusive_jobs.lock.clock import database_now
+from django_exclusive_jobs.lock.errors import JobLockError, LockConfigurationError
+from django_exclusive_jobs.lock.retry import run_statement
+from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
 from django_exclusive_jobs.models import JobLock, LockState
 
 EPILOG = """\
-exit codes: 0 done; 1 refused (a live lock without --force) or no such lock;
+list (the default) shows every lock; force-release frees a lock whoever holds it.
+exit codes: 0 done; 1 refused (a held lock without --live) or no such lock;
 2 usage error; 3 the database cannot be reached.
 """
 
 
 class Command(BaseCommand):
-    help = "List job locks and their state; release stale locks (live ones need --force)."
+    help = "List job locks and their state; force-release stale ones (held ones need --live)."
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         kwargs.setdefault("epilog", EPILOG)
         return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--stale", action="store_true", help="only locks whose lease ran out")
-        parser.add_argument("--json", action="store_true", help="machine-readable output")
-        parser.add_argument("--release", metavar="NAME", help="release the lock NAME")
-        parser.add_argument("--release-stale", action="store_true", help="release every stale lock")
         parser.add_argument(
-            "--force", action="store_true", help="with --release: release a live lock too"
+            "action", nargs="?", choices=["list", "force-release"], default="list"
         )
+        parser.add_argument("name", nargs="?", help="with force-release: the lock to free")
+        parser.add_argument(
+            "--stale",
+            action="store_true",
+            help="list: only stale locks; force-release: every stale lock",
+        )
+        parser.add_argument(
+            "--live", action="store_true", help="force-release: free a held lock too"
+        )
+        parser.add_argument("--json", action="store_true", help="list: machine-readable output")
         parser.add_argument("--database", help="database alias of the lock table")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        action, name, stale = options["action"], options["name"], options["stale"]
+        if action == "list" and name is not None:
+            raise CommandError(f"list takes no NAME (got {name!r}).", returncode=2)
+        if action == "force-release" and (name is None) == (not stale):
+            raise CommandError("force-release takes a NAME or --stale (one of them).", returncode=2)
         try:
             alias = resolve_alias(options["database"])
             check_outside_transaction(alias)
-            if options["release"] is not None:
-                self._release(alias, options["release"], force=options["force"])
-            elif options["release_stale"]:
-                count = run_statement(
-                    alias, lambda: JobLock.objects.using(alias).stale().force_release()
-                )
-                self.stdout.write(f"released {count} stale lock(s)")
+            if action == "list":
+                self._list(alias, stale=stale, as_json=options["json"])
+            elif stale:
+                locks = JobLock.objects.using(alias).stale()
+                count = run_statement(alias, locks.force_release)
+                self.stdout.write(f"force-released {count} stale lock(s)")
             else:
-                self._list(alias, stale=options["stale"], as_json=options["json"])
+                self._force_release(alias, name, live=options["live"])
         except JobLockError as exc:
-            code = 2 if exc.__class__.__name__ == "LockConfigurationError" else 3
+            code = 2 if isinstance(exc, LockConfigurationError) else 3
             raise CommandError(str(exc), returncode=code) from exc
 
-    def _release(self, alias: str, name: str, *, force: bool) -> None:
+    def _force_release(self, alias: str, name: str, *, live: bool) -> None:
         locks = JobLock.objects.using(alias)
         lock = run_statement(alias, lambda: locks.with_state().filter(name=name).first())
         if lock is None:
             raise CommandError(f"No lock named {name!r}.", returncode=1)
         state = lock.state  # type: ignore[attr-defined]
-        if state == LockState.HELD and not force:
+        if state == LockState.HELD and not live:
             raise CommandError(
-                f"Lock {name!r} is live (held by {lock.owner} until "
-                f"{lock.expires_at:%Y-%m-%d %H:%M:%S} UTC); its job may still be running. "
-                "Add --force to release it anyway.",
+                f"Lock {name!r} is held by {lock.holder} until "
+                f"{lock.expires_at:%Y-%m-%d %H:%M:%S} UTC; its job may still be running. "
+                "Add --live to force-release it anyway.",
                 returncode=1,
             )
-        changed = run_statement(alias, lambda: locks.filter(pk=lock.pk).force_release())
+        changed = run_statement(alias, locks.filter(pk=lock.pk).force_release)
         self.stdout.write(
-            f"released {name} (was {state}, token {lock.token})"
+            f"force-released {name} (was {state}, token {lock.token})"
             if changed
             else f"{name} was already free"
         )
@@ -85,7 +97,7 @@ class Command(BaseCommand):
                 "name": lock.name,
                 "state": lock.state,  # type: ignore[attr-defined]
                 "suspect": lock.name in suspect,
-                "owner": lock.owner,
+                "holder": lock.holder,
                 "host": lock.host,
                 "pid": lock.pid,
                 "token": lock.token,
@@ -116,7 +128,7 @@ class Command(BaseCommand):
             state = record["state"] + ("!" if record["suspect"] else "")
             self.stdout.write(
                 f"{record['name']:<{width}}  {state:<9} {record['token']:>6}  {lease:<15} "
-                f"{record['owner'] or '-'}"
+                f"{record['holder'] or '-'}"
             )
 
 

@@ -7,10 +7,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_exclusive_jobs.conf import app_settings
-from django_exclusive_jobs.durations import parse_duration
-from django_exclusive_jobs.exceptions import LockConfigurationError
-from django_exclusive_jobs.history import prune_runs
-from django_exclusive_jobs.locks import resolve_alias
+from django_exclusive_jobs.lock.durations import parse_duration
+from django_exclusive_jobs.lock.errors import LockConfigurationError
+from django_exclusive_jobs.lock.validation import resolve_alias
+from django_exclusive_jobs.run.history import prune_runs
 
 
 class Command(BaseCommand):
@@ -31,7 +31,7 @@ class Command(BaseCommand):
                 options["older_than"] or app_settings.KEEP_RUNS, what="--older-than"
             )
             alias = resolve_alias(options["database"])
-        except (ValueError, LockConfigurationError) as exc:
+        except LockConfigurationError as exc:
             raise CommandError(str(exc), returncode=2) from exc
         if older_than.total_seconds() < 0:
             raise CommandError("--older-than must not be negative.", returncode=2)

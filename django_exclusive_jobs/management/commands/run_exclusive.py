@@ -13,18 +13,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_exclusive_jobs.checks import check_settings
-from django_exclusive_jobs.decorators import runner_for
-from django_exclusive_jobs.durations import parse_duration
-from django_exclusive_jobs.exceptions import LockConfigurationError, LockDatabaseError
-from django_exclusive_jobs.registry import Job, all_jobs, get_job
-from django_exclusive_jobs.runner import (
-    EXIT_DATABASE,
-    EXIT_USAGE,
-    ChildProgram,
-    Outcome,
-    stop_on_signals,
-)
-from django_exclusive_jobs.schedules import make_schedule
+from django_exclusive_jobs.lock.durations import parse_duration
+from django_exclusive_jobs.lock.errors import LockConfigurationError, LockDatabaseError
+from django_exclusive_jobs.run.child import ChildProgram
+from django_exclusive_jobs.run.decorator import runner_for
+from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
+from django_exclusive_jobs.run.runner import EXIT_DATABASE, EXIT_USAGE
+from django_exclusive_jobs.run.schedules import make_schedule
+from django_exclusive_jobs.run.shutdown import stop_on_signals
+from django_exclusive_jobs.run.status import RunStatus
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -44,7 +41,7 @@ exit codes:
 
 def _duration(value: str) -> str:
     try:
-        parse_duration(value)
+        parse_duration(value, what="the duration")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
@@ -69,6 +66,13 @@ class Command(BaseCommand):
             "--wait", type=_duration, help="wait up to this long for the lock instead of skipping"
         )
         parser.add_argument("--database", help="database alias for the lock table")
+        parser.add_argument(
+            "--keepalive",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="renew the lease while the job runs (default: the job's keepalive=, "
+            "else EXCLUSIVE_JOBS['KEEPALIVE'])",
+        )
         parser.add_argument(
             "--skipped-exit-code",
             type=int,
@@ -146,6 +150,7 @@ class Command(BaseCommand):
             "min_hold": options["min_hold"],
             "wait": options["wait"],
             "using": options["database"],
+            "keepalive": options["keepalive"],
         }
         try:
             schedule = make_schedule(
@@ -190,7 +195,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except LockDatabaseError as exc:
             raise CommandError(f"{exc} The job was not run.", returncode=EXIT_DATABASE) from exc
-        if result.outcome == Outcome.SKIPPED:
+        if result.status == RunStatus.SKIPPED:
             code = options["skipped_exit_code"]
         else:
             code = result.exit_code

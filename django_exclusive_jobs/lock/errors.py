@@ -23,19 +23,19 @@ class LockHeld(JobLockError):
         self,
         name: str,
         *,
-        owner: str = "",
+        holder: str = "",
         expires_at: dt.datetime | None = None,
     ) -> None:
         self.name = name
-        self.owner = owner
+        self.holder = holder
         self.expires_at = expires_at
-        detail = f" by {owner}" if owner else ""
+        detail = f" by {holder}" if holder else ""
         until = f" until {expires_at.isoformat()}" if expires_at else ""
         super().__init__(f"Lock {name!r} is held{detail}{until}.")
 
 
 class LockLost(JobLockError):
-    """The lease ran out, or the lock was cleared or taken over, while it was held.
+    """The lease ran out, or the lock was force-released or taken over, while it was held.
 
     Work guarded by the lock must stop: another server may already be running.
     """

@@ -8,12 +8,15 @@ from typing import Any, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 
-from .durations import DurationLike
-from .exceptions import LockConfigurationError, LockHeld
-from .locks import Lock, validate_name, validate_timing
+from ..conf import app_settings
+from ..lock.durations import DurationLike
+from ..lock.errors import LockConfigurationError, LockHeld
+from ..lock.lock import Lock
+from ..lock.validation import validate_name, validate_timing
 from .registry import Job, register
-from .runner import JobRunner, Outcome, RunResult
+from .runner import JobRunner, RunResult
 from .schedules import make_schedule
+from .status import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,33 +101,37 @@ def exclusive_job(
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                # The lock's statements block; run them in Django's one sync thread.
+                # The lock's statements block: run them in Django's one sync thread.
                 runner = runner_for(job)
                 started = await sync_to_async(runner.start, thread_sensitive=True)()
                 if isinstance(started, RunResult):
                     return _after_skip(job, started)
-                result = RunResult(job.name, Outcome.SUCCEEDED, token=started.token)
+                result = runner.begin(started)
                 try:
                     runner.ensure_lease_left(started)
                     result.value = await func(*args, **kwargs)
                 except BaseException as exc:
                     runner.record(result, exc)
-                    raise
-                finally:
-                    await sync_to_async(runner.finish, thread_sensitive=True)(result)
-                return result.value
+                await sync_to_async(runner.finish, thread_sensitive=True)(result)
+                return _returned(job, result)
 
             async_wrapper.job = job  # type: ignore[attr-defined]
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            result = run_job(job, lambda lock: func(*args, **kwargs))
-            if result.outcome == Outcome.SKIPPED:
-                return _after_skip(job, result)
-            if result.exception is not None:
-                raise result.exception
-            return result.value
+            runner = runner_for(job)
+            started = runner.start()
+            if isinstance(started, RunResult):
+                return _after_skip(job, started)
+            result = runner.begin(started)
+            try:
+                runner.ensure_lease_left(started)
+                result.value = func(*args, **kwargs)
+            except BaseException as exc:
+                runner.record(result, exc)
+            runner.finish(result)
+            return _returned(job, result)
 
         wrapper.job = job  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
@@ -138,7 +145,7 @@ def runner_for(job: Job, **overrides: Any) -> JobRunner:
         "min_hold": job.min_hold,
         "wait": job.wait,
         "using": job.using,
-        "keepalive": True if job.keepalive is None else job.keepalive,
+        "keepalive": app_settings.KEEPALIVE if job.keepalive is None else job.keepalive,
         "schedule": job.schedule,
         "retry_failed": job.retry_failed,
     }
@@ -146,11 +153,14 @@ def runner_for(job: Job, **overrides: Any) -> JobRunner:
     return JobRunner(job.name, **settings)
 
 
-def run_job(job: Job, target: Callable[[Lock], Any], **overrides: Any) -> RunResult:
-    return runner_for(job, **overrides).run(target)
-
-
 def _after_skip(job: Job, result: RunResult) -> None:
     if job.on_held == "raise":
-        raise LockHeld(job.name, owner=result.holder, expires_at=result.held_until)
+        raise LockHeld(job.name, holder=result.holder, expires_at=result.held_until)
     return None
+
+
+def _returned(job: Job, result: RunResult) -> Any:
+    """What the decorated call gives back: the job's value, or its exception raised."""
+    if result.exception is not None:
+        raise result.exception
+    return result.value

@@ -12,11 +12,12 @@ import datetime as dt
 import zoneinfo
 from dataclasses import dataclass
 
+from cronsim import CronSim, CronSimError
 from django.conf import settings
 
-from .conf import app_settings
-from .durations import DurationLike, parse_duration
-from .exceptions import LockConfigurationError
+from ..conf import app_settings
+from ..lock.durations import DurationLike, parse_duration
+from ..lock.errors import LockConfigurationError
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -73,8 +74,6 @@ class Cron(Schedule):
         return f"cron {self.expression!r} ({self.timezone})"
 
     def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
-        from cronsim import CronSim
-
         zone = zoneinfo.ZoneInfo(self.timezone)
         # CronSim's reverse walk yields instants strictly before its start. Add in UTC:
         # arithmetic on local times drops `fold` and would confuse a repeated hour.
@@ -101,11 +100,11 @@ def make_schedule(
         raise LockConfigurationError("A slot tolerance only applies with every= or cron=.")
     tolerance_delta = None
     if tolerance is not None:
-        tolerance_delta = _duration(tolerance, "slot tolerance")
+        tolerance_delta = parse_duration(tolerance, what="slot tolerance")
         if tolerance_delta < dt.timedelta(0):
             raise LockConfigurationError("The slot tolerance must not be negative.")
     if every is not None:
-        period = _duration(every, "every")
+        period = parse_duration(every, what="every")
         if period < dt.timedelta(seconds=1):
             raise LockConfigurationError(
                 f"every must be at least 1 second, got {period.total_seconds():g}s."
@@ -119,12 +118,6 @@ def make_schedule(
             zoneinfo.ZoneInfo(zone_name)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise LockConfigurationError(f"Unknown time zone {zone_name!r}.") from None
-        try:
-            from cronsim import CronSim, CronSimError
-        except ImportError:  # pragma: no cover - depends on the install
-            raise LockConfigurationError(
-                "cron= schedules need cronsim: pip install 'django-exclusive-jobs[cron]'."
-            ) from None
         fields = cron.split()
         if len(fields) != 5:
             raise LockConfigurationError(
@@ -137,9 +130,3 @@ def make_schedule(
         return Cron(tolerance=tolerance_delta, expression=" ".join(fields), timezone=zone_name)
     return None
 
-
-def _duration(value: DurationLike, what: str) -> dt.timedelta:
-    try:
-        return parse_duration(value, what=what)
-    except ValueError as exc:
-        raise LockConfigurationError(str(exc)) from None

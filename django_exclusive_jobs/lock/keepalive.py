@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
-from .exceptions import LockLost
+from .errors import LockLost
 
 if TYPE_CHECKING:
-    from .locks import Lock
+    from .lock import Lock
 
 logger = logging.getLogger("django_exclusive_jobs")
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
-from .durations import DurationLike
+from ..lock.durations import DurationLike
 from .schedules import Schedule
 
 

@@ -1,0 +1,278 @@
+"""Taking a lock: one decision per try, a wait loop, and the public entry points.
+
+A decision is the ``take`` statement (``sql.py``); a name that has no row yet gets one from
+``get_or_create`` inside ``transaction.atomic``, where the unique name lets one insert win.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Max
+
+from ..conf import app_settings
+from .clock import DatabaseNow, now_plus
+from .durations import DurationLike
+from .errors import JobLockError, LockHeld, LockLost
+from .lock import Lock, process
+from .retry import run_statement
+from .sql import Row, Statements
+from .validation import (
+    check_outside_transaction,
+    resolve_alias,
+    validate_name,
+    validate_timing,
+    validate_wait,
+)
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A lock we did not get, and who holds it (what :class:`LockHeld` reports)."""
+
+    name: str
+    holder: str
+    expires_at: dt.datetime | None
+
+
+def try_acquire(
+    name: str,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+) -> Lock | None:
+    """Take the lock ``name`` if nobody holds it; return the :class:`Lock`, or None.
+
+    Never waits unless ``wait`` (seconds or a duration string) is given; then polls with
+    backoff until acquired or the time is up. The caller must ``release()`` the lock;
+    no keep-alive runs unless ``lock.start_keepalive()`` is called.
+    """
+    result = acquire(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    return result if isinstance(result, Lock) else None
+
+
+def acquire_or_raise(
+    name: str,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+) -> Lock:
+    """Like :func:`try_acquire` but raise :class:`LockHeld` (with the holder) on a skip."""
+    result = acquire(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    if isinstance(result, Held):
+        raise LockHeld(result.name, holder=result.holder, expires_at=result.expires_at)
+    return result
+
+
+@contextmanager
+def exclusive_lock(
+    name: str,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+    keepalive: bool | None = None,
+) -> Iterator[Lock]:
+    """Hold ``name`` for the ``with`` block, renewing it in the background.
+
+    Raises :class:`LockHeld` when another holder has it. Works as a decorator too; each
+    call takes its own lock.
+    """
+    lock = acquire_or_raise(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    if app_settings.KEEPALIVE if keepalive is None else keepalive:
+        lock.start_keepalive()
+    try:
+        yield lock
+    finally:
+        try:
+            lock.release()
+        except JobLockError:
+            logger.exception("could not release %s token=%s", lock.name, lock.token)
+
+
+def force_release(name: str, *, using: str | None = None) -> bool:
+    """Free ``name`` now, whoever holds it (an operator's action, as in the admin).
+
+    The holder's next renew or ``ensure_held()`` raises ``LockLost``.
+    """
+    from ..models import JobLock
+
+    checked = validate_name(name)
+    alias = resolve_alias(using)
+    check_outside_transaction(alias)
+    locks = JobLock.objects.using(alias).filter(name=checked)
+    return bool(run_statement(alias, locks.force_release))
+
+
+def acquire(
+    name: object,
+    *,
+    ttl: DurationLike | None = None,
+    min_hold: DurationLike | None = None,
+    wait: DurationLike | None = None,
+    using: str | None = None,
+) -> Lock | Held:
+    """Decide, and with ``wait`` decide again with backoff until won or the time is up."""
+    checked = validate_name(name)
+    ttl_delta, hold = validate_timing(ttl, min_hold)
+    wait_seconds = validate_wait(wait)
+    alias = resolve_alias(using)
+    check_outside_transaction(alias)
+    nested = _reenter(alias, checked)
+    if nested is not None:
+        return nested
+    deadline = time.monotonic() + wait_seconds
+    delay = 0.05
+    while True:
+        result = decide(checked, alias, ttl_delta, hold)
+        if isinstance(result, Lock):
+            _held_here()[(alias, checked)] = result
+            logger.debug("acquired %s token=%s holder=%s", checked, result.token, result.holder)
+            return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return result
+        time.sleep(min(remaining, delay * random.uniform(0.8, 1.2)))
+        delay = min(delay * 1.6, 2.0)
+
+
+def decide(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> Lock | Held:
+    """One decision: the Lock if we won, else who holds it."""
+    started = time.monotonic()
+    statements = Statements(connections[alias])
+    me = process.me()
+    tries = 0
+
+    def take() -> tuple[bool, Row | None]:
+        nonlocal tries
+        tries += 1
+        return statements.take(name, ttl.total_seconds(), me)
+
+    taken, row = run_statement(alias, take)
+    if row is None:
+        return _create(name, alias, ttl, min_hold, started)
+    # A retried take whose first try had committed finds the lock held by itself.
+    if taken or (tries > 1 and row.held_by(me)):
+        return Lock(
+            name=name,
+            using=alias,
+            ttl=ttl,
+            min_hold=min_hold,
+            token=row.token,
+            acquired_at=row.acquired_at,
+            expires_at=row.expires_at,
+            started=started,
+        )
+    return Held(name, row.holder, row.expires_at)
+
+
+def _create(
+    name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta, started: float
+) -> Lock | Held:
+    """The name's first take: ``get_or_create`` its row; the unique name lets one win."""
+    from ..models import JobLock
+
+    me = process.me()
+    rows = JobLock.objects.using(alias)
+    now = DatabaseNow()
+    defaults: dict[str, Any] = {
+        "host": me.host,
+        "pid": me.pid,
+        "instance": me.instance,
+        "thread": me.thread,
+        "acquired_at": now,
+        "expires_at": now_plus(ttl),
+        "token": _first_token(alias, name),
+    }
+
+    def create() -> tuple[JobLock, bool]:
+        try:
+            with transaction.atomic(using=alias):
+                return rows.get_or_create(name=name, defaults=defaults)
+        except IntegrityError:
+            # Inserted and deleted again between get and create: someone else decided.
+            return rows.get_or_create(name=name, defaults=defaults)
+
+    row, created = run_statement(alias, create)
+    if not created:
+        return Held(name, row.holder, row.expires_at)
+    run_statement(alias, lambda: row.refresh_from_db(fields=["acquired_at", "expires_at"]))
+    return Lock(
+        name=name,
+        using=alias,
+        ttl=ttl,
+        min_hold=min_hold,
+        token=row.token,
+        acquired_at=row.acquired_at,
+        expires_at=row.expires_at,
+        started=started,
+    )
+
+
+def _first_token(alias: str, name: str) -> int:
+    """The token for a new row: above any this name had, even if its row was deleted.
+
+    Run history remembers the tokens of past runs, so a lock row deleted by hand does
+    not bring back a token a fenced write has already seen.
+    """
+    from ..models import JobRun
+
+    runs = JobRun.objects.using(alias).filter(name=name)
+    return (runs.aggregate(top=Max("token"))["top"] or 0) + 1
+
+
+# --- nested acquisitions in one thread --------------------------------------------------
+
+_registry = threading.local()  # (alias, name) -> the outermost Lock this thread holds
+
+
+def _held_here() -> dict[tuple[str, str], Lock]:
+    held: dict[tuple[str, str], Lock] | None = getattr(_registry, "held", None)
+    if held is None:
+        held = _registry.held = {}
+    return held
+
+
+def _reenter(alias: str, name: str) -> Lock | None:
+    """A nested Lock if this thread already holds ``name`` (its lease is renewed first)."""
+    outer = _held_here().get((alias, name))
+    if outer is None or not outer.held:
+        return None
+    try:
+        outer.renew()
+    except LockLost:
+        return None
+    return Lock(
+        name=name,
+        using=alias,
+        ttl=outer.ttl,
+        min_hold=outer.min_hold,
+        token=outer.token,
+        acquired_at=outer.acquired_at,
+        expires_at=outer.expires_at,
+        started=time.monotonic(),
+        parent=outer,
+    )
+
+
+def forget(lock: Lock) -> None:
+    """Drop ``lock`` from this thread's held locks (on release)."""
+    held = _held_here()
+    if held.get((lock.using, lock.name)) is lock:
+        del held[(lock.using, lock.name)]

@@ -1,0 +1,89 @@
+"""The database's clock, used for every lease decision.
+
+App servers' clocks may disagree by minutes; the database server has one clock, so every
+expiry is written and compared in SQL against it, never against ``timezone.now()``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.conf import settings
+from django.db import connections
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
+from django.db.models.expressions import Combinable
+from django.db.models.functions import Now
+
+
+def now_sql(vendor: str) -> str:
+    """The database's current time as SQL text (``%`` doubled: it is sent with parameters).
+
+    PostgreSQL: the statement's time, not the transaction's. MySQL/MariaDB: UTC when
+    ``USE_TZ`` (Django stores UTC; CURRENT_TIMESTAMP is the session's zone). SQLite:
+    milliseconds (CURRENT_TIMESTAMP has whole seconds).
+    """
+    if vendor == "postgresql":
+        return "STATEMENT_TIMESTAMP()"
+    if vendor == "mysql":
+        return "UTC_TIMESTAMP(6)" if settings.USE_TZ else "CURRENT_TIMESTAMP(6)"
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"
+
+
+def plus_seconds_sql(vendor: str, time: str) -> str:
+    """``time + %s seconds`` as SQL text; the parameter is a float number of seconds."""
+    if vendor == "postgresql":
+        return f"{time} + MAKE_INTERVAL(secs => %s)"
+    if vendor == "mysql":
+        return f"{time} + INTERVAL ROUND(%s * 1000000) MICROSECOND"
+    if time == now_sql(vendor):
+        time = "'NOW'"
+    return f"STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', {time}, '+' || %s || ' seconds')"
+
+
+def to_datetime(connection: Any, value: Any) -> dt.datetime | None:
+    """A time read by a plain cursor, as the ORM would return it (aware when USE_TZ)."""
+    if value is None:
+        return None
+    convert = getattr(connection.ops, "convert_datetimefield_value", None)
+    if convert is not None:  # SQLite returns text, MySQL naive UTC
+        value = convert(value, None, connection)
+    return value  # type: ignore[no-any-return]
+
+
+class DatabaseNow(Now):
+    """``Now()`` on the database's clock, for querysets (the same SQL as :func:`now_sql`)."""
+
+    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # Percent signs stay doubled: queryset SQL is always sent with parameters.
+        return now_sql(connection.vendor), []
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection)
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection)
+
+
+def now_plus(delta: dt.timedelta) -> Combinable:
+    """``database now + delta`` as a queryset expression."""
+    return ExpressionWrapper(
+        DatabaseNow() + Value(delta, output_field=DurationField()),
+        output_field=DateTimeField(),
+    )
+
+
+def database_now(using: str) -> dt.datetime:
+    """Read the database server's current time (one query)."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {now_sql(connection.vendor)}", [])
+        value = cursor.fetchone()[0]
+    now = to_datetime(connection, value)
+    assert now is not None
+    if settings.USE_TZ and now.tzinfo is None:
+        now = now.replace(tzinfo=dt.timezone.utc)
+    return now

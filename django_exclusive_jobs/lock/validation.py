@@ -1,0 +1,102 @@
+"""Checks on what a caller asks for, made before any SQL is sent."""
+
+from __future__ import annotations
+
+import datetime as dt
+import unicodedata
+from typing import Any
+
+from django.db import DatabaseError, connections, router
+
+from ..conf import app_settings
+from .durations import DurationLike, parse_duration
+from .errors import LockConfigurationError, LockDatabaseError
+from .retry import one_line
+
+MAX_NAME_LENGTH = 255
+MIN_TTL = dt.timedelta(milliseconds=100)
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise LockConfigurationError(f"Lock name must be a string, not {type(name).__name__}.")
+    if not name:
+        raise LockConfigurationError("Lock name must not be empty.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise LockConfigurationError(
+            f"Lock name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}."
+        )
+    if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
+        raise LockConfigurationError(f"Lock name {name!r} contains a control character.")
+    if name != name.strip():
+        raise LockConfigurationError(f"Lock name {name!r} must not start or end with white space.")
+    return name
+
+
+def validate_timing(
+    ttl: DurationLike | None, min_hold: DurationLike | None, *, use_settings: bool = True
+) -> tuple[dt.timedelta, dt.timedelta]:
+    """Check ``ttl`` and ``min_hold``; with ``use_settings`` fill gaps from EXCLUSIVE_JOBS.
+
+    Without it only the values given are checked (at import time, before the system
+    checks have looked at the settings).
+    """
+    if ttl is None and not use_settings:
+        ttl_delta = dt.timedelta.max
+    else:
+        ttl_delta = parse_duration(app_settings.TTL if ttl is None else ttl, what="ttl")
+    if ttl_delta <= dt.timedelta(0):
+        raise LockConfigurationError(f"ttl must be positive, got {ttl_delta.total_seconds():g}s.")
+    if ttl_delta < MIN_TTL:
+        raise LockConfigurationError(
+            f"ttl must be at least {MIN_TTL.total_seconds():g}s, got "
+            f"{ttl_delta.total_seconds():g}s: the lease would end before the job starts."
+        )
+    if min_hold is None and not use_settings:
+        return ttl_delta, dt.timedelta(0)
+    hold = parse_duration(app_settings.MIN_HOLD if min_hold is None else min_hold, what="min_hold")
+    if hold < dt.timedelta(0):
+        raise LockConfigurationError(f"min_hold must not be negative, got {hold.total_seconds():g}s.")
+    if hold > ttl_delta:
+        raise LockConfigurationError(
+            f"min_hold ({hold.total_seconds():g}s) must not be longer than ttl "
+            f"({ttl_delta.total_seconds():g}s): the lease could end before the hold."
+        )
+    return ttl_delta, hold
+
+
+def validate_wait(wait: DurationLike | None) -> float:
+    seconds = 0.0 if wait is None else parse_duration(wait, what="wait").total_seconds()
+    if seconds < 0:
+        raise LockConfigurationError(f"wait must not be negative, got {seconds:g}s.")
+    return seconds
+
+
+def resolve_alias(using: str | None) -> str:
+    """The database alias for the lock table: argument, setting, then routers."""
+    from ..models import JobLock
+
+    alias = using if using is not None else app_settings.DATABASE or router.db_for_write(JobLock)
+    if not isinstance(alias, str) or alias not in connections.settings:
+        known = ", ".join(sorted(connections.settings))
+        raise LockConfigurationError(
+            f"Unknown database alias {alias!r} for the lock table; known aliases: {known}."
+        )
+    return alias
+
+
+def check_outside_transaction(alias: str) -> None:
+    """Refuse to lock inside a transaction: other servers could not see the lock."""
+    connection: Any = connections[alias]
+    try:
+        autocommit = connection.get_autocommit()
+    except DatabaseError as exc:
+        connection.close_if_unusable_or_obsolete()
+        raise LockDatabaseError(f"Cannot reach database {alias!r}: {one_line(exc)}") from exc
+    if connection.in_atomic_block or not autocommit:
+        raise LockConfigurationError(
+            f"The lock's database {alias!r} is inside a transaction (atomic block, "
+            "ATOMIC_REQUESTS or a TestCase), so other servers could not see the lock until "
+            "it commits. Take the lock outside the transaction, or point "
+            "EXCLUSIVE_JOBS['DATABASE'] at a second alias for the same database."
+        )

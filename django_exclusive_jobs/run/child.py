@@ -1,0 +1,87 @@
+"""A program run under the lock as a child process, and supervised while it runs.
+
+``run_exclusive NAME -- PROGRAM ARGS...`` runs it; the lock's keep-alive and the signals
+sent to ``run_exclusive`` reach it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+
+from ..lock.lock import Lock
+from .shutdown import Interrupted
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+
+@dataclass
+class ChildExit:
+    """What a child program run under the lock returned."""
+
+    returncode: int
+
+
+class ChildProgram:
+    """Runs an external program under the lock and supervises it.
+
+    SIGTERM/SIGINT sent to us is passed on to the child; a lost lock terminates it.
+    A child that has not exited ``grace`` seconds after SIGTERM gets SIGKILL.
+    """
+
+    def __init__(self, argv: list[str], *, grace: float = 10.0) -> None:
+        self.argv = argv
+        self.grace = grace
+        self.process: subprocess.Popen[bytes] | None = None
+        self.signum: int | None = None
+        self._stop_sent_at: float | None = None
+        self._mutex = threading.Lock()
+
+    def __call__(self, lock: Lock) -> ChildExit:
+        if self.signum is not None:  # asked to stop before the program even started
+            raise Interrupted(self.signum)
+        # Its own process group, so a stop reaches the program's own children too.
+        self.process = subprocess.Popen(self.argv, start_new_session=True)
+        while True:
+            try:
+                returncode = self.process.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                with self._mutex:
+                    sent = self._stop_sent_at
+                if sent is not None and time.monotonic() - sent > self.grace:
+                    logger.warning(
+                        "child of %s ignored SIGTERM for %ss: killing it", lock.name, self.grace
+                    )
+                    self._signal_group(signal.SIGKILL)
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+        return ChildExit(returncode)
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Send ``signum`` to the child (from a signal handler or the keep-alive thread)."""
+        with self._mutex:
+            if self._stop_sent_at is None:
+                self._stop_sent_at = time.monotonic()
+        self._signal_group(signum)
+
+    def _signal_group(self, signum: int) -> None:
+        process = self.process
+        if process is None:
+            return
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signum)
+
+    def on_signal(self, signum: int) -> None:
+        self.signum = signum
+        self.stop(signum)
+
+    def on_lost(self, lock: Lock) -> None:
+        logger.warning("lock %s lost: stopping its child process", lock.name)
+        self.stop(signal.SIGTERM)

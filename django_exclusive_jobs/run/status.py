@@ -1,0 +1,32 @@
+"""The one vocabulary for how a run went, shared by history, results, signals and logs."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class RunStatus(models.TextChoices):
+    """The one vocabulary for runs: history rows, run results, signals, logs and exit codes.
+
+    ``running`` while a run goes on (or when its server died before anyone noticed);
+    ``skipped`` is never stored: the job did not run here because another server held the
+    lock or had already run the slot.
+    """
+
+    RUNNING = "running", _("running")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    INTERRUPTED = "interrupted", _("interrupted")
+    LOST = "lost", _("lost")
+    SKIPPED = "skipped", _("skipped")
+
+    @classmethod
+    def stored(cls) -> list[tuple[str, str]]:
+        """The statuses a history row can have (every one but ``skipped``)."""
+        return [(value, label) for value, label in cls.choices if value != cls.SKIPPED]
+
+    @classmethod
+    def unsuccessful(cls) -> list[str]:
+        """The ends a later start may retry with ``retry_failed``: the job did not finish."""
+        return [cls.FAILED, cls.INTERRUPTED, cls.LOST]
