@@ -17,13 +17,14 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
-from django.utils.timesince import timesince, timeuntil
+from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from .conf import app_settings
 from .lock.clock import DatabaseNow, database_now, now_plus
-from .models import JobLock, JobLockQuerySet, JobRun, LockState, RunStatus
+from .models import JobLock, JobLockQuerySet, JobRun, LockState
+from .run.status import RunStatus
 
 STATE_STYLE = {
     LockState.HELD: "held",
@@ -42,7 +43,7 @@ class LockStateFilter(admin.SimpleListFilter):
             ("held", gettext_lazy("held")),
             ("suspect", gettext_lazy("held, suspect (running long)")),
             ("cooldown", gettext_lazy("released, kept for min_hold")),
-            ("stale", gettext_lazy("expired, not released (stale)")),
+            ("stale", gettext_lazy("stale: lease ran out, never released")),
             ("free", gettext_lazy("free")),
         ]
 
@@ -143,8 +144,8 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return "—"
         now = getattr(lock, "db_now", None) or database_now(lock._state.db or "default")
         if lock.expires_at > now:
-            return _("ends in %(time)s") % {"time": timeuntil(lock.expires_at, now)}
-        return _("ended %(time)s ago") % {"time": timesince(lock.expires_at, now)}
+            return _("ends in %(time)s") % {"time": _span(lock.expires_at, now)}
+        return _("ended %(time)s ago") % {"time": _span(now, lock.expires_at)}
 
     @admin.display(description=gettext_lazy("run time / median"))
     def run_time(self, lock: JobLock) -> str:
@@ -180,9 +181,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     # actions ------------------------------------------------------------------
 
-    @admin.action(
-        description=gettext_lazy("Force-release selected locks…"), permissions=["delete"]
-    )
+    @admin.action(description=gettext_lazy("Force-release selected locks…"), permissions=["delete"])
     def force_release_selected(
         self, request: HttpRequest, queryset: QuerySet[JobLock]
     ) -> HttpResponse | None:
@@ -202,9 +201,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if released:
                 self.message_user(
                     request,
-                    ngettext(
-                        "Force-released %(n)d lock.", "Force-released %(n)d locks.", released
-                    )
+                    ngettext("Force-released %(n)d lock.", "Force-released %(n)d locks.", released)
                     % {"n": released},
                     messages.SUCCESS,
                 )
@@ -214,13 +211,13 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     request,
                     _(
                         "Not released, still held: %(names)s. Their jobs may be running; "
-                        "tick “Also force-release held locks” to release them."
+                        "tick “Also force-release held locks” to force-release them."
                     )
                     % {"names": ", ".join(refused)},
                     messages.WARNING,
                 )
             if not released and not refused:
-                self.message_user(request, _("Nothing to release."), messages.INFO)
+                self.message_user(request, _("Nothing to force-release."), messages.INFO)
             return None
         context = {
             **self.admin_site.each_context(request),
@@ -381,6 +378,16 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "jobs": jobs,
         }
         return TemplateResponse(request, "admin/django_exclusive_jobs/jobrun/summary.html", context)
+
+
+def _span(later: dt.datetime, earlier: dt.datetime) -> str:
+    """How long from ``earlier`` to ``later``: in seconds under two minutes (a lease of a
+    few seconds must not read "0 minutes"), else as Django says it."""
+    seconds = (later - earlier).total_seconds()
+    if seconds < 120:
+        whole = int(seconds)
+        return ngettext("%(n)d second", "%(n)d seconds", whole) % {"n": whole}
+    return timeuntil(later, earlier)
 
 
 def _seconds(value: float) -> str:

@@ -11,6 +11,7 @@ from django.core.checks import CheckMessage, Error, Warning
 
 from .conf import DEFAULTS, GONE
 from .lock.durations import parse_duration
+from .lock.validation import MIN_TTL
 
 SETTING = "EXCLUSIVE_JOBS"
 PREFIX = "django_exclusive_jobs."
@@ -38,10 +39,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             )
         )
     for key in sorted(set(user) & set(GONE)):
-        messages.append(
-            Warning(f"{SETTING}[{key!r}] is ignored: {GONE[key]}.", id=PREFIX + "W002")
-        )
+        messages.append(Warning(f"{SETTING}[{key!r}] is ignored: {GONE[key]}.", id=PREFIX + "W002"))
     merged = {**DEFAULTS, **user}
+    messages += _check_values(merged)
+    messages += _check_databases(merged["DATABASE"])
+    return messages
+
+
+def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
+    """Each setting's own range (a value that is not a duration is E003 wherever it is)."""
+    messages: list[CheckMessage] = []
 
     def duration(key: str) -> dt.timedelta | None:
         try:
@@ -60,13 +67,21 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         messages.append(Error(f"{SETTING}[{key!r}] {problem}", hint=hint, id=PREFIX + id))
 
     ttl, hold = duration("TTL"), duration("MIN_HOLD")
-    if ttl is not None and ttl <= dt.timedelta(0):
-        error("E004", "TTL", "must be positive.", "A lease of a few minutes suits most jobs.")
+    if ttl is not None and ttl < MIN_TTL:
+        error(
+            "E004",
+            "TTL",
+            f"must be at least {MIN_TTL.total_seconds():g}s.",
+            "A lease of a few minutes suits most jobs; keep-alive renews it.",
+        )
     if hold is not None and (hold < dt.timedelta(0) or (ttl is not None and hold > ttl)):
         error("E005", "MIN_HOLD", "must be between 0 and TTL.", "A longer hold outlives the lease.")
     alias = merged["DATABASE"]
     if alias is not None and alias not in settings.DATABASES:
-        error("E006", "DATABASE", f"is {alias!r}, which is not in DATABASES.",
+        error(
+            "E006",
+            "DATABASE",
+            f"is {alias!r}, which is not in DATABASES.",
             f"Use one of: {', '.join(sorted(settings.DATABASES))}, or None.",
         )
     if not isinstance(merged["KEEPALIVE"], bool):
@@ -83,7 +98,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     busy = duration("BUSY_TIMEOUT")
     if busy is not None and busy < dt.timedelta(0):
         error("E011", "BUSY_TIMEOUT", "must not be negative.")
-    messages += _check_databases(alias)
     return messages
 
 

@@ -31,9 +31,9 @@ DEFAULTS: dict[str, Any] = {
 
 # Settings that existed before and what became of them (system check W002).
 GONE = {
-    "PREPARE_STATEMENTS": "it is gone: the lock's statements run through Django's cursor "
-    "like every other query (to prepare them, set the driver's own options in DATABASES)",
-    "SQLITE_BUSY_TIMEOUT": "it was renamed BUSY_TIMEOUT (it covers MySQL and MariaDB too)",
+    "PREPARE_STATEMENTS": "the lock's statements run through Django's cursor like every "
+    "other query (to prepare statements, set the driver's own options in DATABASES)",
+    "SQLITE_BUSY_TIMEOUT": "it is called BUSY_TIMEOUT now (it covers MySQL and MariaDB too)",
 }
 
 

@@ -32,7 +32,7 @@ class LockState(models.TextChoices):
 
     HELD = "held", _("held")
     COOLDOWN = "cooldown", _("released, kept for min_hold")
-    STALE = "stale", _("expired, not released")
+    STALE = "stale", _("stale: lease ran out, never released")
     FREE = "free", _("free")
 
 

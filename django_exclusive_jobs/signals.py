@@ -7,7 +7,7 @@ Every signal is sent with ``sender`` set to the job's name (a str), except
 from django.dispatch import Signal
 
 # A held lock was found lost: its lease ran out before keep-alive could renew it, or it
-# was cleared or taken over.
+# was force-released or taken over.
 # Arguments: sender (the Lock class), lock (the Lock), reason (str).
 lock_lost = Signal()
 
@@ -22,7 +22,7 @@ job_started = Signal()
 job_skipped = Signal()
 
 # A job that started has ended.
-# Arguments: sender (job name), name (str), lock (the Lock), outcome (str: "succeeded",
-# "failed", "lost" or "interrupted"), duration (float seconds), exception (the
-# exception that ended it, or None).
+# Arguments: sender (job name), name (str), lock (the Lock), status (str, a RunStatus:
+# "succeeded", "failed", "lost" or "interrupted"), duration (float seconds), exception
+# (the exception that ended it, or None).
 job_finished = Signal()

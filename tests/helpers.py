@@ -6,7 +6,8 @@ import atexit
 import datetime as dt
 import multiprocessing
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -90,3 +91,51 @@ def other_holder(alias: str) -> Iterator[OtherServer]:
         yield _server
     finally:
         _server.call("forget")
+
+
+def race_slots(
+    alias: str,
+    name: str,
+    *,
+    processes: int,
+    every: float,
+    triggers: int,
+    shifts: Sequence[float] = (),
+) -> tuple[Counter[int], float]:
+    """``processes`` real processes call an ``every=`` job around each of ``triggers``
+    slots (see ``_workers.slot_racer``); how often each trigger ran, and the first slot."""
+    import math
+    import time
+
+    from . import _workers
+
+    ready = SPAWN.Barrier(processes + 1)
+    go = SPAWN.Barrier(processes + 1)
+    start_at = SPAWN.Value("d", 0.0)
+    results = SPAWN.Queue()
+    workers = [
+        SPAWN.Process(
+            target=_workers.slot_racer,
+            args=(alias, name, every, triggers, ready, go, start_at, results, n)
+            + ((shifts[n],) if shifts else ()),
+        )
+        for n in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    ran: Counter[int] = Counter()
+    try:
+        ready.wait(180)
+        first = math.ceil((time.time() + 1.5) / every) * every
+        start_at.value = first
+        go.wait(60)
+        for _ in workers:
+            _worker, triggered, error = results.get(timeout=triggers * every + 120)
+            assert error is None, error
+            ran.update(triggered)
+    finally:
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+    return ran, first

@@ -70,47 +70,63 @@ def test_changelist_shows_state_holder_and_token(
     assert "ended" in page
 
 
+def test_a_short_lease_is_shown_in_seconds(superuser_client: Client) -> None:
+    import re
+
+    lock = try_acquire("short-lease", using="default", ttl=7)
+    assert lock is not None
+    try:
+        page = superuser_client.get(LOCKS).content.decode()
+    finally:
+        lock.release()
+    found = re.search(r"ends in (\d+)\xa0?\s*seconds?", page)
+    assert found is not None, "a 7-second lease must not read 'ends in 0 minutes'"
+    assert 4 <= int(found.group(1)) <= 7
+
+
 def test_state_filter(superuser_client: Client, locks: dict[str, Any]) -> None:
     page = superuser_client.get(LOCKS, {"state": "stale"}).content.decode()
     assert "dead-job" in page
     assert "live-job" not in page
 
 
-def test_release_expired_action_frees_only_stale_locks(
+def test_force_release_stale_action_frees_only_stale_locks(
     superuser_client: Client, locks: dict[str, Any]
 ) -> None:
     ids = [locks["live"].pk, locks["dead"].pk]
     response = superuser_client.post(
-        LOCKS, {"action": "release_expired", "_selected_action": ids}, follow=True
+        LOCKS, {"action": "force_release_stale", "_selected_action": ids}, follow=True
     )
     assert response.status_code == 200
-    assert "Released 1 expired lock." in response.content.decode()
+    assert "Force-released 1 stale lock." in response.content.decode()
     assert state_of("dead-job") == LockState.FREE
     assert state_of("live-job") == LockState.HELD
 
 
-def test_release_selected_asks_and_refuses_live_lock_without_extra_confirmation(
+def test_force_release_selected_asks_and_refuses_held_lock_without_extra_confirmation(
     superuser_client: Client, locks: dict[str, Any]
 ) -> None:
     ids = [locks["live"].pk, locks["dead"].pk]
-    confirm = superuser_client.post(LOCKS, {"action": "release_selected", "_selected_action": ids})
+    confirm = superuser_client.post(
+        LOCKS, {"action": "force_release_selected", "_selected_action": ids}
+    )
     page = confirm.content.decode()
     assert confirm.status_code == 200
-    assert "LIVE: its job may still be running" in page
-    assert "Also release live locks" in page
+    assert "HELD: its job may still be running" in page
+    assert "Also force-release held locks" in page
     done = superuser_client.post(
         LOCKS,
-        {"action": "release_selected", "_selected_action": ids, "post": "yes"},
+        {"action": "force_release_selected", "_selected_action": ids, "post": "yes"},
         follow=True,
     )
     text = done.content.decode()
-    assert "Released 1 lock." in text
-    assert "Not released, still live: live-job" in text
+    assert "Force-released 1 lock." in text
+    assert "Not released, still held: live-job" in text
     assert state_of("live-job") == LockState.HELD
     assert state_of("dead-job") == LockState.FREE
 
 
-def test_release_live_lock_with_extra_confirmation_makes_holder_lose(
+def test_force_release_held_lock_with_extra_confirmation_makes_holder_lose(
     superuser_client: Client,
 ) -> None:
     lock = try_acquire("mine", using="default", ttl=600)
@@ -119,10 +135,10 @@ def test_release_live_lock_with_extra_confirmation_makes_holder_lose(
     superuser_client.post(
         LOCKS,
         {
-            "action": "release_selected",
+            "action": "force_release_selected",
             "_selected_action": [pk],
             "post": "yes",
-            "release_live": "yes",
+            "release_held": "yes",
         },
     )
     assert state_of("mine") == LockState.FREE
@@ -146,23 +162,23 @@ def test_lock_rows_are_read_only(superuser_client: Client, locks: dict[str, Any]
     assert b"delete_selected" not in superuser_client.get(LOCKS).content
 
 
-def test_view_only_staff_sees_but_cannot_release(locks: dict[str, Any]) -> None:
+def test_view_only_staff_sees_but_cannot_force_release(locks: dict[str, Any]) -> None:
     viewer = client_for(make_user("viewer", perms=("view_joblock", "view_jobrun")))
     page = viewer.get(LOCKS)
     assert page.status_code == 200
-    assert b"release_selected" not in page.content
+    assert b"force_release_selected" not in page.content
     response = viewer.post(
-        LOCKS, {"action": "release_expired", "_selected_action": [locks["dead"].pk]}
+        LOCKS, {"action": "force_release_stale", "_selected_action": [locks["dead"].pk]}
     )
     assert response.status_code in (200, 302, 403)
     assert state_of("dead-job") == LockState.STALE
 
 
-def test_staff_with_delete_permission_can_release(locks: dict[str, Any]) -> None:
+def test_staff_with_delete_permission_can_force_release(locks: dict[str, Any]) -> None:
     operator = client_for(make_user("operator", perms=("view_joblock", "delete_joblock")))
     page = operator.get(LOCKS).content.decode()
-    assert "release_selected" in page
-    operator.post(LOCKS, {"action": "release_expired", "_selected_action": [locks["dead"].pk]})
+    assert "force_release_selected" in page
+    operator.post(LOCKS, {"action": "force_release_stale", "_selected_action": [locks["dead"].pk]})
     assert state_of("dead-job") == LockState.FREE
 
 

@@ -33,6 +33,14 @@ class Case:
     database: str | None = None  # --database value; None: the backend under test
 
 
+# A project with a hundred jobs: an unknown name must not list them all.
+MANY_JOBS = (
+    "from django_exclusive_jobs import exclusive_job\n"
+    "for number in range(100):\n"
+    "    exclusive_job(f'report_{number:02d}')(lambda: None)\n"
+)
+
+
 def writes_marker(marker: Path) -> list[str]:
     """A child program that leaves a trace if it ever runs."""
     return ["sh", "-c", f"echo ran >> {marker}"]
@@ -171,6 +179,12 @@ CASES = [
     # jobs
     pytest.param(Case(("nope",), "Unknown job 'nope'"), id="unknown-job"),
     pytest.param(Case(("Quick",), "Unknown job 'Quick'"), id="unknown-job-case"),
+    pytest.param(Case(("quik",), "Did you mean 'quick'?"), id="unknown-job-suggests"),
+    pytest.param(Case(("quik",), "run_exclusive --list' shows all"), id="unknown-job-lists-how"),
+    pytest.param(
+        Case(("report_5x",), "shows all 1", prepare=settings_with("", jobs=MANY_JOBS)),
+        id="unknown-job-among-many",
+    ),
     pytest.param(Case(("run_exclusive",), "Unknown job 'run_exclusive'"), id="job-is-itself"),
     # databases and settings
     pytest.param(
@@ -294,3 +308,32 @@ def test_jobs_module_that_fails_at_startup_exits_1_with_its_traceback(
     assert result.stderr.startswith("Traceback")
     assert result.stderr.strip().splitlines()[-1] == last_line
     assert_nothing_happened(alias, marker)
+
+
+def without_drivers(tmp_path: Path, env: dict[str, str]) -> None:
+    """Shadow the database drivers with modules that fail to import, as if not installed."""
+    for module in ("psycopg", "psycopg2", "MySQLdb"):
+        (tmp_path / f"{module}.py").write_text("raise ImportError('not installed')\n")
+
+
+@pytest.mark.parametrize("command", ["run_exclusive", "exclusive_locks", "prune_job_runs"])
+def test_missing_driver_is_one_line_and_exit_2(alias: str, tmp_path: Path, command: str) -> None:
+    if alias == "default":
+        pytest.skip("SQLite's driver is part of Python")
+    env = command_env()
+    without_drivers(tmp_path, env)
+    args = ["quick"] if command == "run_exclusive" else []
+    result = subprocess.run(
+        [sys.executable, "-m", "django", command, *args, "--database", alias],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = complaint(result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert "cannot be used" in lines[0]
+    assert "pip install 'django-exclusive-jobs[" in lines[0]

@@ -131,6 +131,17 @@ def test_job_runs_and_exits_0(alias: str, marker: Path) -> None:
     assert JobLock.objects.using(alias).free().filter(name="quick").exists()
 
 
+@pytest.mark.parametrize(
+    ("flag", "expected"), [((), "keepalive=True"), (("--no-keepalive",), "keepalive=False")]
+)
+def test_keepalive_option_overrides_the_default(
+    alias: str, marker: Path, flag: tuple[str, ...], expected: str
+) -> None:
+    result = manage(alias, "keepalive_probe", *flag, env=command_env(marker))
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text().split()[0] == expected
+
+
 def test_skip_exits_0_with_one_line_saying_who_holds_it(alias: str, marker: Path) -> None:
     with other_holder(alias) as other:
         other.try_acquire("quick", ttl=60)
@@ -351,7 +362,7 @@ def test_list_shows_registered_jobs() -> None:
     result = django_admin("run_exclusive", "--list")
     assert result.returncode == 0
     names = [line.split()[0] for line in result.stdout.splitlines()]
-    assert names == ["async_quick", "broken", "quick", "slow"]
+    assert names == ["async_quick", "broken", "keepalive_probe", "quick", "slow"]
 
 
 def test_help_documents_exit_codes() -> None:

@@ -56,6 +56,7 @@ CHECK_CASES = [
     pytest.param({"TTLS": 5}, "django_exclusive_jobs.E002", id="unknown-key"),
     pytest.param({"TTL": "soon"}, "django_exclusive_jobs.E003", id="bad-ttl"),
     pytest.param({"TTL": 0}, "django_exclusive_jobs.E004", id="zero-ttl"),
+    pytest.param({"TTL": "50ms"}, "django_exclusive_jobs.E004", id="ttl-below-100ms"),
     pytest.param({"TTL": 10, "MIN_HOLD": 20}, "django_exclusive_jobs.E005", id="hold-gt-ttl"),
     pytest.param({"MIN_HOLD": -1}, "django_exclusive_jobs.E005", id="negative-hold"),
     pytest.param({"DATABASE": "nope"}, "django_exclusive_jobs.E006", id="unknown-alias"),

@@ -167,3 +167,27 @@ def test_bad_name_fails_at_decoration() -> None:
         @exclusive_job("bad\nname")
         def job() -> None:
             return None
+
+
+def keepalive_running() -> bool:
+    import threading
+
+    return any(t.name.startswith("exclusive-jobs-keepalive:") for t in threading.enumerate())
+
+
+@pytest.mark.parametrize(
+    ("setting", "argument", "expected"),
+    [(True, None, True), (False, None, False), (False, True, True), (True, False, False)],
+    ids=["setting-on", "setting-off", "argument-wins-on", "argument-wins-off"],
+)
+def test_keepalive_follows_the_setting_unless_the_job_says(
+    alias: str, setting: bool, argument: bool | None, expected: bool
+) -> None:
+    from django.test import override_settings
+
+    @exclusive_job(f"keepalive-{setting}-{argument}", using=alias, keepalive=argument)
+    def job() -> bool:
+        return keepalive_running()
+
+    with override_settings(EXCLUSIVE_JOBS={"KEEPALIVE": setting}):
+        assert job() is expected

@@ -2,9 +2,13 @@
 
 * Python samples live in docs/snippets/ (the pages include them with ``literalinclude``);
   each is imported and exercised against the test database (SQLite).
-* Shell, crontab, systemd and Kubernetes samples that call ``manage.py`` are parsed with
-  the real command's parser, so an option that does not exist fails here.
-* Reference pages list exactly the settings, system checks and signals the code has.
+* Shell, crontab, systemd and Kubernetes samples that call ``manage.py`` (in the pages and
+  the README) are parsed with the real command's parser, so an option that does not exist
+  fails here.
+* Reference pages list exactly the settings, system checks and signals the code has; the
+  protocol page shows the SQL the lock sends and the files the package has; the output
+  lines, admin actions and JSON fields are named as the code names them; and no page
+  uses a name that was retired.
 
 The Sphinx build itself (warnings are errors) runs in CI through scripts/docs.sh.
 """
@@ -21,6 +25,7 @@ import sys
 import threading
 import types
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +38,21 @@ from django.db import connections
 from django.test import override_settings
 
 from django_exclusive_jobs import LockConfigurationError, conf, signals, try_acquire
-from django_exclusive_jobs.run import registry
 from django_exclusive_jobs.checks import check_settings
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
+from django_exclusive_jobs.run import registry
 from django_exclusive_jobs.run.schedules import make_schedule
 
 from .conftest import clean_tables
+from .helpers import expire_now
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SNIPPETS = DOCS / "snippets"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)
+README = ROOT / "README.md"
+PACKAGE = ROOT / "django_exclusive_jobs"
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -152,7 +160,7 @@ SHELL_STOP = {">", ">>", "2>&1", "|", "||", "&&", ";", "&", "2>", "1>"}
 def manage_py_calls() -> list[tuple[str, list[str]]]:
     """(page, argv after manage.py) for every ``manage.py`` call in a non-Python block."""
     calls = []
-    for page in PAGES:
+    for page in [*PAGES, README]:
         for info, body in fenced_blocks(page.read_text()):
             if info.startswith("{"):
                 continue  # directives: literalinclude, autodoc, toctree, ...
@@ -206,8 +214,12 @@ def test_sample_command_line_parses(page: str, argv: list[str]) -> None:
         ["run_exclusive", "hourly_report", "--ttl", "soon"],
         ["run_exclusive", "hourly_report", "--cron", "61 * * * *"],
         ["exclusive_locks", "--release-all"],
+        ["exclusive_locks", "--release", "hourly_report"],
+        ["exclusive_locks", "force-release", "hourly_report", "--force"],
+        ["exclusive_locks", "release", "hourly_report"],
         ["prune_job_runs", "--keep", "3"],
         ["exclusive_locks", "[--stale]", "[--purge]"],
+        ["exclusive_locks", "[release]", "NAME", "[--live]"],
     ],
 )
 def test_command_line_check_catches_mistakes(argv: list[str]) -> None:
@@ -220,10 +232,22 @@ def check_command_line(page: str, argv: list[str]) -> None:
     commands = get_commands()
     assert name in commands, f"{page}: no management command {name!r}"
     if any("[" in word for word in args):
-        # A synopsis such as "exclusive_locks [--stale] [--json]": each option must exist.
-        flags = {word.strip("[]") for word in args if word.strip("[]").startswith("--")}
-        known = set(parser_of(name)._option_string_actions)
+        # A synopsis such as "exclusive_locks [list] [--stale] [--json]": each option must
+        # exist, and each action word must be one the command accepts.
+        parser = parser_of(name)
+        words = [word.strip("[]") for word in args]
+        flags = {word for word in words if word.startswith("--")}
+        known = set(parser._option_string_actions)
         assert flags - {"--"} <= known, f"{page}: unknown option(s) {flags - known}"
+        actions = {
+            choice
+            for action in parser._actions
+            if not action.option_strings and action.choices
+            for choice in action.choices
+        }
+        for word in words:
+            if re.fullmatch(r"[a-z][a-z_-]*", word) and word != "options":
+                assert word in actions, f"{page}: {name} has no action {word!r}"
         return
     if name == "run_exclusive" and "--" in args:
         program = args[args.index("--") + 1 :]
@@ -248,8 +272,10 @@ def check_command_line(page: str, argv: list[str]) -> None:
 
 
 def parser_of(name: str) -> Any:
+    """The command's parser, without abbreviations: ``--force`` must not pass for
+    ``--force-color``."""
     command = load_command_class(get_commands()[name], name)
-    return command.create_parser("manage.py", name)
+    return command.create_parser("manage.py", name, allow_abbrev=False)
 
 
 def test_run_exclusive_exit_codes_match_the_docs() -> None:
@@ -283,11 +309,24 @@ def test_settings_snippet_spells_out_the_defaults() -> None:
 
 
 def test_checks_reference_lists_every_check() -> None:
-    source = (ROOT / "django_exclusive_jobs" / "checks.py").read_text()
-    ids = set(re.findall(r'id="(django_exclusive_jobs\.[EW]\d{3})"', source))
+    source = (PACKAGE / "checks.py").read_text()
+    ids = {f"django_exclusive_jobs.{code}" for code in re.findall(r'"([EW]\d{3})"', source)}
     page = (DOCS / "reference" / "checks.md").read_text()
     documented = set(re.findall(r"^#+ `(django_exclusive_jobs\.[EW]\d{3})`", page, re.MULTILINE))
-    assert ids and documented == ids
+    assert len(ids) >= 14 and documented == ids
+
+
+def test_gone_settings_are_documented() -> None:
+    """Each setting that is gone or renamed (W002) is listed on the settings page."""
+    page = (DOCS / "reference" / "settings.md").read_text()
+    gone = page.split("## Settings that are gone", 1)[1]
+    assert set(re.findall(r"^- `([A-Z_]+)`", gone, re.MULTILINE)) == set(conf.GONE)
+    checks = (DOCS / "reference" / "checks.md").read_text()
+    w002 = checks.split("django_exclusive_jobs.W002", 1)[1]
+    for key in conf.GONE:
+        assert f"`{key}`" in w002, key
+    with override_settings(EXCLUSIVE_JOBS=dict.fromkeys(conf.GONE, True)):
+        assert {message.id for message in check_settings()} == {"django_exclusive_jobs.W002"}
 
 
 def test_signals_reference_lists_every_signal() -> None:
@@ -500,3 +539,212 @@ def test_django_tasks_snippet(sqlite: str) -> None:
     assert first.return_value == "digest sent"
     assert second.return_value is None
     assert len(runs_of("hourly_digest")) == 1
+
+
+# --- the protocol page shows the code as it is ------------------------------------------
+
+
+def test_protocol_page_shows_the_sql_the_lock_sends() -> None:
+    """The SQL on how-it-works.md is, statement for statement, what lock/sql.py sends."""
+    from django_exclusive_jobs.lock.sql import _statements
+
+    page = (DOCS / "how-it-works.md").read_text()
+    documented: dict[str, str] = {}
+    for info, body in fenced_blocks(page):
+        if info != "sql":
+            continue
+        key = None
+        for line in body.splitlines():
+            comment = re.match(r"-- (\w+):", line)
+            if comment:
+                key = comment.group(1)
+                documented[key] = ""
+            elif key is not None:
+                documented[key] += " " + line
+    sent = _statements("postgresql", f'"{JobLock._meta.db_table}"', True)
+    assert {key: " ".join(sql.split()) for key, sql in documented.items()} == {
+        key: " ".join(sql.split()) for key, sql in sent.items()
+    }
+
+
+def test_protocol_page_lists_every_module_of_the_package() -> None:
+    """The layout on how-it-works.md names exactly the package's modules."""
+    page = (DOCS / "how-it-works.md").read_text()
+    [tree] = [body for _info, body in fenced_blocks(page) if "django_exclusive_jobs/" in body]
+    documented = set()
+    parents: list[str] = []
+    for line in tree.splitlines()[1:]:
+        branch = line.find("── ")
+        if branch < 0:
+            continue
+        depth = (branch - 1) // 4
+        entry = line[branch + 3 :].split()[0]
+        parents[depth:] = [entry]
+        documented.add("".join(parents))
+    actual = {
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path.parts[-2] not in ("migrations", "commands")
+        and not (path.name == "__init__.py" and path.parent != PACKAGE)
+    }
+    modules = {entry for entry in documented if entry.endswith(".py")}
+    assert modules == actual
+    assert "management/commands/" in documented
+    commands = {path.stem for path in (PACKAGE / "management" / "commands").glob("[!_]*.py")}
+    [line] = [line for line in tree.splitlines() if "── commands/" in line]
+    assert set(re.findall(r"\w+", line.split("commands/", 1)[1])) == commands
+
+
+# Retired names: none of them may come back into the pages, the README or the snippets.
+# The settings and checks pages name the gone settings, to say that they are gone.
+RETIRED = {
+    r"\brelease_lock\b": "force_release()",
+    r"\bowner\b": "holder",
+    r"\b[Oo]utcome\b": "status (RunStatus)",
+    r"--release\b": "exclusive_locks force-release",
+    r"--force\b(?!-)": "--live",
+    r"\[cron\]": "nothing: cronsim is a dependency",
+    r"admin-release-confirmation": "admin-force-release-confirmation",
+    r"Release (expired|selected) locks": "Force-release stale / selected locks",
+    r"[Ll]ive locks?\b": "held lock",
+    r"LAST_INSERT_ID": "nothing: the take is UPDATE, then SELECT",
+    r"\bSQLITE_BUSY_TIMEOUT\b": "BUSY_TIMEOUT",
+    r"\bPREPARE_STATEMENTS\b": "nothing: the lock has no prepared statements of its own",
+}
+NAMES_GONE_SETTINGS = {"reference/settings.md", "reference/checks.md"}
+GONE_SETTING_PATTERNS = {rf"\b{key}\b" for key in conf.GONE}
+# performance.md reports benchmarks of past versions too; it is checked by hand.
+CHECKED_TEXTS = [
+    *(page for page in PAGES if page.name != "performance.md"),
+    README,
+    *sorted(SNIPPETS.glob("*.py")),
+]
+
+
+@pytest.mark.parametrize("path", CHECKED_TEXTS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_retired_names(path: Path) -> None:
+    text = path.read_text()
+    where = path.relative_to(DOCS).as_posix() if DOCS in path.parents else path.name
+    for pattern, instead in RETIRED.items():
+        if where in NAMES_GONE_SETTINGS and pattern in GONE_SETTING_PATTERNS:
+            continue
+        found = re.search(pattern, text)
+        assert found is None, f"{where} says {found.group(0)!r}: use {instead}"
+
+
+# --- what the commands print, as the reference says --------------------------------------
+
+
+def documented_block(page: str, first: str) -> list[str]:
+    """The lines of the text block on ``page`` that starts with ``first``."""
+    text = (DOCS / page).read_text()
+    [body] = [body for info, body in fenced_blocks(text) if body.startswith(first)]
+    return body.splitlines()
+
+
+def output_pattern(line: str) -> re.Pattern[str]:
+    """A documented output line as a regex: CAPITALS are values, `` [...]`` is optional."""
+
+    def literal(text: str) -> str:
+        parts = re.split(r"([A-Z]+(?::[A-Z]+)*(?:: [A-Z]+)?)", text)
+        return "".join(
+            (r".+" if " " in part else r"\S+?") if index % 2 else re.escape(part)
+            for index, part in enumerate(parts)
+        )
+
+    pattern, position = "", 0
+    for optional in re.finditer(r" \[([^\[\]]*)\]", line):
+        pattern += literal(line[position : optional.start()])
+        pattern += f"(?: {literal(optional.group(1))})?"
+        position = optional.end()
+    return re.compile(pattern + literal(line[position:]))
+
+
+def assert_lines_match(lines: list[str], documented: list[str]) -> None:
+    patterns = [output_pattern(line) for line in documented]
+    for line in lines:
+        assert any(p.fullmatch(line) for p in patterns), f"undocumented output: {line!r}"
+    for doc, pattern in zip(documented, patterns, strict=True):
+        assert any(pattern.fullmatch(line) for line in lines), f"never printed: {doc!r}"
+
+
+def test_run_exclusive_prints_the_documented_lines(sqlite: str, capsys: Any) -> None:
+    load_snippet("quickstart_jobs")
+    call_command("run_exclusive", "hourly_report")  # acquired, finished
+    call_command("run_exclusive", "hourly_report")  # skipped: the slot already ran
+    held = hold_in_other_thread("hourly_report")
+    try:
+        call_command("run_exclusive", "hourly_report")  # skipped: held by another
+    finally:
+        held.release()
+    lines = capsys.readouterr().out.splitlines()
+    documented = documented_block("reference/commands.md", "acquired NAME")
+    assert_lines_match(lines, documented)
+    # The sample lines of the quickstart have the documented shape too.
+    patterns = [output_pattern(line) for line in documented]
+    quickstart = (DOCS / "quickstart.md").read_text()
+    samples = [
+        line
+        for info, body in fenced_blocks(quickstart)
+        if info == "text"
+        for line in body.splitlines()
+        if line.startswith(("acquired ", "finished ", "skipped "))
+    ]
+    assert len(samples) == 3
+    for line in samples:
+        assert any(p.fullmatch(line) for p in patterns), line
+
+
+def test_exclusive_locks_prints_the_documented_lines(sqlite: str) -> None:
+    hold_in_other_thread("docs_stale")
+    expire_now(sqlite, "docs_stale")
+    held = hold_in_other_thread("docs_held")
+    hold_in_other_thread("docs_free").release()
+
+    def run(*args: str) -> list[str]:
+        out = StringIO()
+        call_command("exclusive_locks", *args, stdout=out)
+        return out.getvalue().splitlines()
+
+    # The JSON fields are the documented ones.
+    reference = (DOCS / "reference" / "commands.md").read_text()
+    [json_row] = [line for line in reference.splitlines() if line.startswith("| `--json` |")]
+    fields = re.findall(r"`(\w+)`", json_row.split("objects with", 1)[1])
+    records = json.loads("\n".join(run("list", "--json")))
+    assert [list(record) for record in records] == [fields] * 3
+    states = {record["name"]: record["state"] for record in records}
+    assert states == {"docs_free": "free", "docs_held": "held", "docs_stale": "stale"}
+
+    # The table's header is the one operations.md shows.
+    operations = (DOCS / "operations.md").read_text()
+    [example] = [body for _info, body in fenced_blocks(operations) if body.startswith("NAME ")]
+    assert run()[0].split() == example.splitlines()[0].split()
+
+    # force-release: a held lock needs --live; every line printed is documented.
+    with pytest.raises(CommandError) as refused:
+        run("force-release", "docs_held")
+    assert refused.value.returncode == 1
+    lines = [
+        *run("force-release", "docs_stale"),
+        *run("force-release", "docs_free"),
+        *run("force-release", "docs_held", "--live"),
+        *run("force-release", "--stale"),
+    ]
+    assert lines[0] == "force-released docs_stale (was stale, token 1)"
+    assert_lines_match(lines, documented_block("reference/commands.md", "force-released NAME"))
+    assert held.release() is False  # the holder finds its lock force-released
+
+
+def test_operations_page_names_the_admin_actions() -> None:
+    from django.contrib import admin
+
+    model_admin = admin.site._registry[JobLock]
+    page = (DOCS / "operations.md").read_text()
+    for name in model_admin.actions:
+        description = str(getattr(model_admin, name).short_description)
+        assert f"**{description}**" in page, description
+    template = (
+        PACKAGE / "templates/admin/django_exclusive_jobs/joblock/force_release_confirmation.html"
+    ).read_text()
+    [checkbox] = re.findall(r'name="release_held"[^>]*> \{% translate "([^"]+)" %\}', template)
+    assert f'"{checkbox}"' in page

@@ -9,8 +9,8 @@ from django.core.management import call_command
 
 from django_exclusive_jobs import LockLost, exclusive_job, force_release, try_acquire
 from django_exclusive_jobs.lock.clock import now_plus
-from django_exclusive_jobs.run.history import prune_runs
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
+from django_exclusive_jobs.run.history import prune_runs
 
 from .helpers import expire_now, other_holder
 

@@ -103,3 +103,33 @@ def test_force_release_needs_one_target(args: tuple[str, ...]) -> None:
     with pytest.raises(CommandError) as info:
         call_command("exclusive_locks", *args)
     assert info.value.returncode == 2
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["exclusive_locks", "--json"], ["exclusive_locks"]],
+    ids=["json", "table"],
+)
+def test_output_piped_into_head_ends_quietly(alias: str, command: list[str]) -> None:
+    """`exclusive_locks | head` must not end in a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from .test_command import ROOT, command_env
+
+    JobLock.objects.using(alias).bulk_create(
+        JobLock(name=f"piped-{number:05d}", token=1) for number in range(3000)
+    )
+    line = " ".join(["python", "-m", "django", *command, "--database", alias])
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {line} | head -n 1"],
+        cwd=ROOT,
+        env={**command_env(), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stderr == ""
+    assert result.returncode == 0
+    assert len(result.stdout.splitlines()) == 1

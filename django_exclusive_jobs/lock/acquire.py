@@ -169,16 +169,7 @@ def decide(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> 
         return _create(name, alias, ttl, min_hold, started)
     # A retried take whose first try had committed finds the lock held by itself.
     if taken or (tries > 1 and row.held_by(me)):
-        return Lock(
-            name=name,
-            using=alias,
-            ttl=ttl,
-            min_hold=min_hold,
-            token=row.token,
-            acquired_at=row.acquired_at,
-            expires_at=row.expires_at,
-            started=started,
-        )
+        return _won(name, alias, ttl, min_hold, row, started)
     return Held(name, row.holder, row.expires_at)
 
 
@@ -213,6 +204,19 @@ def _create(
     if not created:
         return Held(name, row.holder, row.expires_at)
     run_statement(alias, lambda: row.refresh_from_db(fields=["acquired_at", "expires_at"]))
+    return _won(name, alias, ttl, min_hold, row, started)
+
+
+def _won(
+    name: str,
+    alias: str,
+    ttl: dt.timedelta,
+    min_hold: dt.timedelta,
+    row: Any,
+    started: float,
+    parent: Lock | None = None,
+) -> Lock:
+    """The Lock for the acquisition ``row`` shows (a Row, a JobLock or the outer Lock)."""
     return Lock(
         name=name,
         using=alias,
@@ -222,6 +226,7 @@ def _create(
         acquired_at=row.acquired_at,
         expires_at=row.expires_at,
         started=started,
+        parent=parent,
     )
 
 
@@ -258,17 +263,7 @@ def _reenter(alias: str, name: str) -> Lock | None:
         outer.renew()
     except LockLost:
         return None
-    return Lock(
-        name=name,
-        using=alias,
-        ttl=outer.ttl,
-        min_hold=outer.min_hold,
-        token=outer.token,
-        acquired_at=outer.acquired_at,
-        expires_at=outer.expires_at,
-        started=time.monotonic(),
-        parent=outer,
-    )
+    return _won(name, alias, outer.ttl, outer.min_hold, outer, time.monotonic(), parent=outer)
 
 
 def forget(lock: Lock) -> None:

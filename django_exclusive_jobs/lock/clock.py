@@ -54,7 +54,15 @@ def to_datetime(connection: Any, value: Any) -> dt.datetime | None:
 class DatabaseNow(Now):
     """``Now()`` on the database's clock, for querysets (the same SQL as :func:`now_sql`)."""
 
-    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+    def as_sql(
+        self,
+        compiler: Any,
+        connection: Any,
+        function: str | None = None,
+        template: str | None = None,
+        arg_joiner: str | None = None,
+        **extra_context: Any,
+    ) -> Any:
         # Percent signs stay doubled: queryset SQL is always sent with parameters.
         return now_sql(connection.vendor), []
 

@@ -222,7 +222,9 @@ class Lock:
             if unless_renewed_by is not None and self._deadline > unless_renewed_by:
                 return False
             self.lost_reason = reason
-        logger.warning("lock lost: %s token=%s holder=%s: %s", self.name, self.token, self.holder, reason)
+        logger.warning(
+            "lock lost: %s token=%s holder=%s: %s", self.name, self.token, self.holder, reason
+        )
         signals.lock_lost.send(sender=Lock, lock=self, reason=reason)
         return True
 
@@ -261,7 +263,9 @@ class Lock:
         try:
             freed, _ = self._release_row()
         except JobLockError as exc:
-            logger.warning("could not free %s token=%s after it was lost: %s", self.name, self.token, exc)
+            logger.warning(
+                "could not free %s token=%s after it was lost: %s", self.name, self.token, exc
+            )
             return
         logger.warning(
             "release of %s token=%s: this holder had already lost it (%s)%s",

@@ -92,7 +92,9 @@ def _reconnect(alias: str, exc: BaseException, delays: list[float]) -> bool:
     if not delays or connection.in_atomic_block:
         return False
     pause = delays.pop(0)
-    logger.info("connection to database %r dropped, reconnecting in %gs: %s", alias, pause, one_line(exc))
+    logger.info(
+        "connection to database %r dropped, reconnecting in %gs: %s", alias, pause, one_line(exc)
+    )
     time.sleep(pause)
     return True
 
@@ -112,11 +114,13 @@ def _connection_dropped(alias: str, exc: BaseException) -> bool:
     return False  # SQLite is a file: there is no connection to lose
 
 
-def _explained(alias: str, exc: DatabaseError) -> JobLockError:
+def _explained(alias: str, exc: BaseException) -> JobLockError:
     """The error to raise for a statement whose connection failed for good."""
     if table_missing(alias):
         return _table_missing_error(alias)
-    return LockDatabaseError(f"Database {alias!r} did not answer the lock statement: {one_line(exc)}")
+    return LockDatabaseError(
+        f"Database {alias!r} did not answer the lock statement: {one_line(exc)}"
+    )
 
 
 def _table_missing_error(alias: str) -> LockConfigurationError:

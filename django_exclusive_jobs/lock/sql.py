@@ -148,7 +148,7 @@ class Statements:
         """True if our row was freed; False if it was no longer ours."""
         with self.connection.cursor() as cursor:
             cursor.execute(self.sql["release"], [min_hold, name, token])
-            return cursor.rowcount == 1
+            return bool(cursor.rowcount == 1)
 
     def check(self, name: str, token: int) -> bool:
         with self.connection.cursor() as cursor:

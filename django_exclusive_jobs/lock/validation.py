@@ -6,6 +6,7 @@ import datetime as dt
 import unicodedata
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 
 from ..conf import app_settings
@@ -56,7 +57,9 @@ def validate_timing(
         return ttl_delta, dt.timedelta(0)
     hold = parse_duration(app_settings.MIN_HOLD if min_hold is None else min_hold, what="min_hold")
     if hold < dt.timedelta(0):
-        raise LockConfigurationError(f"min_hold must not be negative, got {hold.total_seconds():g}s.")
+        raise LockConfigurationError(
+            f"min_hold must not be negative, got {hold.total_seconds():g}s."
+        )
     if hold > ttl_delta:
         raise LockConfigurationError(
             f"min_hold ({hold.total_seconds():g}s) must not be longer than ttl "
@@ -82,7 +85,21 @@ def resolve_alias(using: str | None) -> str:
         raise LockConfigurationError(
             f"Unknown database alias {alias!r} for the lock table; known aliases: {known}."
         )
+    try:
+        connections[alias]  # loads the backend: its driver must be installed
+    except ImproperlyConfigured as exc:
+        raise LockConfigurationError(_driver_missing(alias, exc)) from None
     return alias
+
+
+EXTRAS = {"postgresql": "postgres", "mysql": "mysql"}
+
+
+def _driver_missing(alias: str, exc: ImproperlyConfigured) -> str:
+    engine = str(connections.settings[alias].get("ENGINE", ""))
+    extra = next((name for vendor, name in EXTRAS.items() if vendor in engine), None)
+    install = f" Install it: pip install 'django-exclusive-jobs[{extra}]'." if extra else ""
+    return f"Database {alias!r} cannot be used: {' '.join(str(exc).split())}.{install}"
 
 
 def check_outside_transaction(alias: str) -> None:

@@ -11,12 +11,10 @@ from asgiref.sync import sync_to_async
 from ..conf import app_settings
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
-from ..lock.lock import Lock
 from ..lock.validation import validate_name, validate_timing
 from .registry import Job, register
 from .runner import JobRunner, RunResult
 from .schedules import make_schedule
-from .status import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,46 +95,53 @@ def exclusive_job(
         )
         register(job)
 
-        if job.is_async:
-
-            @functools.wraps(func)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                # The lock's statements block: run them in Django's one sync thread.
-                runner = runner_for(job)
-                started = await sync_to_async(runner.start, thread_sensitive=True)()
-                if isinstance(started, RunResult):
-                    return _after_skip(job, started)
-                result = runner.begin(started)
-                try:
-                    runner.ensure_lease_left(started)
-                    result.value = await func(*args, **kwargs)
-                except BaseException as exc:
-                    runner.record(result, exc)
-                await sync_to_async(runner.finish, thread_sensitive=True)(result)
-                return _returned(job, result)
-
-            async_wrapper.job = job  # type: ignore[attr-defined]
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            runner = runner_for(job)
-            started = runner.start()
-            if isinstance(started, RunResult):
-                return _after_skip(job, started)
-            result = runner.begin(started)
-            try:
-                runner.ensure_lease_left(started)
-                result.value = func(*args, **kwargs)
-            except BaseException as exc:
-                runner.record(result, exc)
-            runner.finish(result)
-            return _returned(job, result)
-
+        wrapper = _async_wrapper(job) if job.is_async else _sync_wrapper(job)
         wrapper.job = job  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def _sync_wrapper(job: Job) -> Callable[..., Any]:
+    @functools.wraps(job.func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        runner = runner_for(job)
+        started = runner.start()
+        if isinstance(started, RunResult):
+            return _after_skip(job, started)
+        result = runner.begin(started)
+        try:
+            runner.ensure_lease_left(started)
+            result.value = job.func(*args, **kwargs)
+        except BaseException as exc:
+            runner.record(result, exc)
+        runner.finish(result)
+        return _returned(result)
+
+    return wrapper
+
+
+def _async_wrapper(job: Job) -> Callable[..., Any]:
+    """The same lifecycle; the lock's statements block, so they run in Django's sync thread."""
+    start = sync_to_async(lambda runner: runner.start(), thread_sensitive=True)
+    finish = sync_to_async(lambda runner, result: runner.finish(result), thread_sensitive=True)
+
+    @functools.wraps(job.func)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        runner = runner_for(job)
+        started = await start(runner)
+        if isinstance(started, RunResult):
+            return _after_skip(job, started)
+        result = runner.begin(started)
+        try:
+            runner.ensure_lease_left(started)
+            result.value = await job.func(*args, **kwargs)
+        except BaseException as exc:
+            runner.record(result, exc)
+        await finish(runner, result)
+        return _returned(result)
+
+    return wrapper
 
 
 def runner_for(job: Job, **overrides: Any) -> JobRunner:
@@ -159,7 +164,7 @@ def _after_skip(job: Job, result: RunResult) -> None:
     return None
 
 
-def _returned(job: Job, result: RunResult) -> Any:
+def _returned(result: RunResult) -> Any:
     """What the decorated call gives back: the job's value, or its exception raised."""
     if result.exception is not None:
         raise result.exception

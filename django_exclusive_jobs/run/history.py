@@ -80,16 +80,18 @@ def _retry(lock: Lock, existing: JobRun, ours: dict[str, Any]) -> JobRun:
     retryable = RunStatus.unsuccessful()
     run_statement(
         lock.using,
-        lambda: _runs(lock.using)
-        .filter(pk=existing.pk, status__in=retryable)
-        .update(
-            attempts=F("attempts") + 1,
-            finished_at=None,
-            duration=None,
-            error_type="",
-            error="",
-            returncode=None,
-            **ours,
+        lambda: (
+            _runs(lock.using)
+            .filter(pk=existing.pk, status__in=retryable)
+            .update(
+                attempts=F("attempts") + 1,
+                finished_at=None,
+                duration=None,
+                error_type="",
+                error="",
+                returncode=None,
+                **ours,
+            )
         ),
     )
     run_statement(lock.using, existing.refresh_from_db)
@@ -109,10 +111,15 @@ def close_abandoned(lock: Lock, name: str) -> None:
     )
     closed = run_statement(
         lock.using,
-        lambda: _runs(lock.using)
-        .filter(name=name, status=RunStatus.RUNNING, token__lt=lock.token)
-        .update(
-            status=RunStatus.LOST, finished_at=DatabaseNow(), error_type="LockLost", error=reason
+        lambda: (
+            _runs(lock.using)
+            .filter(name=name, status=RunStatus.RUNNING, token__lt=lock.token)
+            .update(
+                status=RunStatus.LOST,
+                finished_at=DatabaseNow(),
+                error_type="LockLost",
+                error=reason,
+            )
         ),
     )
     if closed:

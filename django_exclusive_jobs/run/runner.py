@@ -68,9 +68,8 @@ class JobRunner:
     """Runs one job under its lock. One instance per run; not shared between threads.
 
     The lifecycle, shared by sync and async callers: :meth:`start` (take the lock, claim
-    the slot), :meth:`begin`, then inside one ``try``: :meth:`ensure_lease_left` and the job, with
-    :meth:`record` for its exception, then
-    :meth:`finish` (release, history, signals).
+    the slot); :meth:`begin`; inside one ``try``, :meth:`ensure_lease_left` and the job,
+    with :meth:`record` for its exception; then :meth:`finish` (release, history, signals).
     """
 
     name: str
@@ -126,7 +125,9 @@ class JobRunner:
             )
         except LockHeld as held:
             until = held.expires_at.isoformat(timespec="seconds") if held.expires_at else "?"
-            return self._skipped(f"held by {held.holder or '?'} until {until}", held.holder, held.expires_at)
+            return self._skipped(
+                f"held by {held.holder or '?'} until {until}", held.holder, held.expires_at
+            )
         try:
             skipped = self._claim(lock)
         except BaseException:
@@ -229,7 +230,9 @@ class JobRunner:
             self.run_id = run.pk
             return None
         slot = self.slot.isoformat() if self.slot else "?"
-        return self._skipped(f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None)
+        return self._skipped(
+            f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
+        )
 
     def _skipped(self, why: str, holder: str, until: dt.datetime | None) -> RunResult:
         self._say(f"skipped {self.name}: {why}")

@@ -129,4 +129,3 @@ def make_schedule(
             raise LockConfigurationError(f"Cron expression {cron!r} is not valid: {exc}.") from None
         return Cron(tolerance=tolerance_delta, expression=" ".join(fields), timezone=zone_name)
     return None
-

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -22,7 +24,7 @@ class RunStatus(models.TextChoices):
     SKIPPED = "skipped", _("skipped")
 
     @classmethod
-    def stored(cls) -> list[tuple[str, str]]:
+    def stored(cls) -> list[tuple[str, Any]]:
         """The statuses a history row can have (every one but ``skipped``)."""
         return [(value, label) for value, label in cls.choices if value != cls.SKIPPED]
 

@@ -13,9 +13,9 @@ def import_feed(items: list[str]) -> int | None:
         imported = 0
         for _item in items:
             imported += 1  # the real work goes here
-        # One query: raises LockLost if the lease ran out, or the lock was released
-        # by an operator or taken over, while we worked. Do it before anything that
-        # must not happen twice, such as committing the import.
+        # One query: raises LockLost if the lease ran out, or an operator
+        # force-released the lock, or another server took it over, while we worked.
+        # Do it before anything that must not happen twice, such as committing.
         lock.ensure_held()
         return imported
     except LockLost:

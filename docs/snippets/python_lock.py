@@ -12,5 +12,5 @@ def rebuild_search_index() -> bool:
             print(f"rebuilding with fencing token {lock.token}")
             return True
     except LockHeld as held:
-        print(f"skipped: held by {held.owner} until {held.expires_at}")
+        print(f"skipped: held by {held.holder} until {held.expires_at}")
         return False

@@ -12,6 +12,5 @@ EXCLUSIVE_JOBS = {
     "SLOT_TOLERANCE": "30s",  # how early a start may be and still serve the coming slot
     "KEEP_RUNS": "30d",  # run history kept by prune_job_runs
     "SUSPECT_FACTOR": 3,  # "suspect" once a run lasts 3 x the job's median duration
-    "PREPARE_STATEMENTS": True,  # PostgreSQL: prepare the lock's statements per connection
-    "SQLITE_BUSY_TIMEOUT": "30s",  # how long to retry "database is locked" on SQLite
+    "BUSY_TIMEOUT": "30s",  # retry "database is locked" and MySQL deadlocks this long
 }

@@ -15,17 +15,17 @@ metrics = logging.getLogger("ops.metrics")
 
 
 @receiver(job_finished, dispatch_uid="ops_job_finished")
-def alert_on_failure(sender, name, lock, outcome, duration, exception, **kwargs):
-    metrics.info("job=%s outcome=%s duration=%.3f", name, outcome, duration)
-    if outcome in ("failed", "lost"):
+def alert_on_failure(sender, name, lock, status, duration, exception, **kwargs):
+    metrics.info("job=%s status=%s duration=%.3f", name, status, duration)
+    if status in ("failed", "lost"):
         alerts.error(
-            "job %s %s after %.1fs (token %s): %r", name, outcome, duration, lock.token, exception
+            "job %s %s after %.1fs (token %s): %r", name, status, duration, lock.token, exception
         )
 
 
 @receiver(job_skipped, dispatch_uid="ops_job_skipped")
 def count_skip(sender, name, holder, expires_at, **kwargs):
-    metrics.info("job=%s outcome=skipped holder=%s", name, holder)
+    metrics.info("job=%s status=skipped holder=%s", name, holder)
 
 
 @receiver(lock_lost, dispatch_uid="ops_lock_lost")

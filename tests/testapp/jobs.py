@@ -42,3 +42,11 @@ def broken() -> None:
 async def async_quick() -> None:
     await asyncio.sleep(0)
     mark("async_quick")
+
+
+@exclusive_job("keepalive_probe")
+def keepalive_probe() -> None:
+    import threading
+
+    running = any(t.name.startswith("exclusive-jobs-keepalive:") for t in threading.enumerate())
+    mark(f"keepalive={running}")

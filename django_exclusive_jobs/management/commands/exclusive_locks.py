@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.errors import JobLockError, LockConfigurationError
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
+from django_exclusive_jobs.management.output import QuietOnClosedPipe
 from django_exclusive_jobs.models import JobLock, LockState
 
 EPILOG = """\
@@ -20,17 +22,17 @@ exit codes: 0 done; 1 refused (a held lock without --live) or no such lock;
 """
 
 
-class Command(BaseCommand):
+class Command(QuietOnClosedPipe):
     help = "List job locks and their state; force-release stale ones (held ones need --live)."
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         kwargs.setdefault("epilog", EPILOG)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # an old --force must not pass as --force-color
         return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "action", nargs="?", choices=["list", "force-release"], default="list"
-        )
+        parser.add_argument("action", nargs="?", choices=["list", "force-release"], default="list")
         parser.add_argument("name", nargs="?", help="with force-release: the lock to free")
         parser.add_argument(
             "--stale",

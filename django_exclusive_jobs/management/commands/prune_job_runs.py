@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_exclusive_jobs.conf import app_settings
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.lock.validation import resolve_alias
+from django_exclusive_jobs.management.output import QuietOnClosedPipe
 from django_exclusive_jobs.run.history import prune_runs
 
 
-class Command(BaseCommand):
+class Command(QuietOnClosedPipe):
     help = (
         "Delete finished job runs older than --older-than (default EXCLUSIVE_JOBS['KEEP_RUNS'])."
         " Never deletes a running run, a job's last run, or the run that marks a job's"

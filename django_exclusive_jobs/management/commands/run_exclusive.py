@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import shutil
 import sys
 from typing import Any
 
 from django.core.management import call_command, get_commands
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from django_exclusive_jobs.checks import check_settings
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError, LockDatabaseError
+from django_exclusive_jobs.management.output import QuietOnClosedPipe, shown_by_logging
 from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.decorator import runner_for
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
@@ -47,13 +49,14 @@ def _duration(value: str) -> str:
     return value
 
 
-class Command(BaseCommand):
+class Command(QuietOnClosedPipe):
     help = "Run a job, management command or program on exactly one server at a time."
     requires_system_checks: list[str] = []  # only ours run, below: a cron job starts fast
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         kwargs.setdefault("epilog", EPILOG)
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -136,6 +139,35 @@ class Command(BaseCommand):
         name = options["name"]
         if not name:
             raise CommandError("Give the job's NAME (or --list to see the jobs).", returncode=2)
+        grace = self._check(options)
+        job, target, child = self._target(name, program, extra)
+        runner = runner_for(job, **self._overrides(job, options))
+        runner.report = self._reporter(options["verbosity"])
+        if child is not None:
+            child.grace = grace
+            runner.on_lost = child.on_lost
+        # With no logging configured, Python's last-resort handler would print every
+        # warning a second time on stderr: the command's own line is the one shown.
+        quiet = logging.NullHandler()
+        logger.addHandler(quiet)
+        try:
+            with stop_on_signals(child.on_signal if child is not None else runner.on_signal):
+                result = runner.run(target)
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        except LockDatabaseError as exc:
+            raise CommandError(f"{exc} The job was not run.", returncode=EXIT_DATABASE) from exc
+        finally:
+            logger.removeHandler(quiet)
+        if result.status == RunStatus.SKIPPED:
+            code = options["skipped_exit_code"]
+        else:
+            code = result.exit_code
+        if code:
+            sys.exit(code)
+
+    def _check(self, options: dict[str, Any]) -> float:
+        """Refuse bad settings and options before anything runs; the grace in seconds."""
         errors = [message for message in check_settings() if message.is_serious()]
         if errors:
             raise CommandError(f"{errors[0].msg} ({errors[0].id})", returncode=EXIT_USAGE)
@@ -144,7 +176,10 @@ class Command(BaseCommand):
         grace = parse_duration(options["grace"]).total_seconds()
         if grace < 0:
             raise CommandError("--grace must not be negative.", returncode=2)
-        job, target, child = self._target(name, program, extra)
+        return grace
+
+    def _overrides(self, job: Job, options: dict[str, Any]) -> dict[str, Any]:
+        """What the command line changes about the job's declared settings."""
         overrides = {
             "ttl": options["ttl"],
             "min_hold": options["min_hold"],
@@ -153,7 +188,7 @@ class Command(BaseCommand):
             "keepalive": options["keepalive"],
         }
         try:
-            schedule = make_schedule(
+            overrides["schedule"] = make_schedule(
                 every=options["every"],
                 cron=options["cron"],
                 timezone=options["timezone"],
@@ -161,46 +196,28 @@ class Command(BaseCommand):
             )
         except LockConfigurationError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
-        if schedule is not None:
-            overrides["schedule"] = schedule
         if options["retry_failed"]:
-            if schedule is None and job.schedule is None:
+            if overrides["schedule"] is None and job.schedule is None:
                 raise CommandError(
                     "--retry-failed only applies with --every or --cron, or to a job that "
                     "declares a schedule.",
                     returncode=EXIT_USAGE,
                 )
             overrides["retry_failed"] = True
-        runner = runner_for(job, **overrides)
-        verbosity = options["verbosity"]
+        return overrides
+
+    def _reporter(self, verbosity: int) -> Any:
+        """Prints each decision line once: unless the project's logging already shows it."""
 
         def report(line: str, normal: bool) -> None:
-            if logger.isEnabledFor(logging.INFO if normal else logging.WARNING) and (
-                logger.hasHandlers()
-            ):
-                return  # the project's logging already shows it
+            if shown_by_logging(logger, logging.INFO if normal else logging.WARNING):
+                return
             if not normal:
                 self.stderr.write(line)
             elif verbosity >= 1:
                 self.stdout.write(line)
 
-        runner.report = report
-        if child is not None:
-            child.grace = grace
-            runner.on_lost = child.on_lost
-        try:
-            with stop_on_signals(child.on_signal if child is not None else runner.on_signal):
-                result = runner.run(target)
-        except LockConfigurationError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
-        except LockDatabaseError as exc:
-            raise CommandError(f"{exc} The job was not run.", returncode=EXIT_DATABASE) from exc
-        if result.status == RunStatus.SKIPPED:
-            code = options["skipped_exit_code"]
-        else:
-            code = result.exit_code
-        if code:
-            sys.exit(code)
+        return report
 
     def _target(
         self, name: str, program: list[str] | None, extra: list[str]
@@ -225,12 +242,7 @@ class Command(BaseCommand):
             return job, lambda lock: job.func(), None
         if name in get_commands() and name != "run_exclusive":
             return Job(name, _noop), lambda lock: call_command(name, *extra), None
-        known = ", ".join(job.name for job in all_jobs()) or "none"
-        raise CommandError(
-            f"Unknown job {name!r}: no @exclusive_job or management command has that name "
-            f"(known jobs: {known}); to run a program put it after '--'.",
-            returncode=EXIT_USAGE,
-        )
+        raise CommandError(_unknown(name), returncode=EXIT_USAGE)
 
     def _list(self) -> None:
         jobs = all_jobs()
@@ -242,6 +254,18 @@ class Command(BaseCommand):
                 f"{job.name}  ttl={job.ttl or 'default'}  min_hold={job.min_hold or 'default'}"
                 f"  {schedule}  {job.target}"
             )
+
+
+def _unknown(name: str) -> str:
+    """One line: what is wrong, the closest registered names, and how to see them all."""
+    names = [job.name for job in all_jobs()]
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    return (
+        f"Unknown job {name!r}: no @exclusive_job or management command has that name.{hint} "
+        f"'manage.py run_exclusive --list' shows all {len(names)} jobs; to run a program, "
+        "put it after '--'."
+    )
 
 
 def _noop() -> None:
