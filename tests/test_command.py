@@ -402,3 +402,29 @@ def test_bad_schedule_options_exit_2(
     assert "Traceback" not in result.stderr
     assert not marker.exists()
     assert not JobLock.objects.using(alias).exists()
+
+
+@pytest.mark.parametrize(
+    ("logging_setting", "job", "stream", "line"),
+    [
+        ("LOGGING = {}", "broken", "stderr", "finished broken status=failed"),
+        ("LOGGING = {}", "quick", "stdout", "finished quick status=succeeded"),
+        ("from tests.settings import LOGGING", "broken", "stderr", "finished broken status=failed"),
+    ],
+    ids=["no-logging-failed", "no-logging-succeeded", "project-logging-failed"],
+)
+def test_each_decision_is_one_line_whatever_the_logging(
+    alias: str, tmp_path: Path, logging_setting: str, job: str, stream: str, line: str
+) -> None:
+    """As with `startproject` settings (no LOGGING) or a project that logs our lines."""
+    (tmp_path / "one_line_settings.py").write_text(
+        f"from tests.settings import *  # noqa: F403\n{logging_setting}\n"
+    )
+    env = command_env(DJANGO_SETTINGS_MODULE="one_line_settings")
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = manage(alias, job, env=env)
+    both = result.stdout + result.stderr
+    assert both.count(line) == 1, both
+    assert line in getattr(result, stream)
+    if logging_setting == "LOGGING = {}":  # the project's own logging may add a traceback
+        assert "Traceback" not in result.stderr
