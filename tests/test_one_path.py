@@ -16,7 +16,9 @@ import pytest
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
-from django_exclusive_jobs import exclusive_job, try_acquire
+from django_exclusive_jobs import LockHeld, exclusive_job, try_acquire
+from django_exclusive_jobs.lock.acquire import acquire_or_raise
+from django_exclusive_jobs.lock.clock import now_sql, plus_seconds_sql
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 
 from .helpers import other_holder, race_slots
@@ -58,7 +60,7 @@ def test_execute_wrapper_sees_every_statement_of_a_take_and_a_release(alias: str
     assert lock is not None
     # One UPDATE ... RETURNING decides; MySQL reads its new row back (no RETURNING).
     assert len(take) == (2 if vendor == "mysql" else 1), take
-    assert take[0].lstrip().upper().startswith("UPDATE")
+    assert take[0].lstrip().upper().startswith("WITH" if vendor == "postgresql" else "UPDATE")
 
     with statements_seen(alias) as renew:
         lock.renew()
@@ -71,13 +73,60 @@ def test_execute_wrapper_sees_every_statement_of_a_take_and_a_release(alias: str
     assert release[0].lstrip().upper().startswith("UPDATE")
 
 
-def test_a_skipping_server_sends_two_statements_and_sees_the_holder(alias: str) -> None:
+def test_a_skipping_server_learns_who_holds_the_lock_in_one_round_trip_on_postgres(
+    alias: str,
+) -> None:
     with other_holder(alias) as other:
         assert other.try_acquire("visible-held", ttl=60) is not None
-        with statements_seen(alias) as seen:
-            assert try_acquire("visible-held", using=alias, ttl=60) is None
-    assert len(seen) == 2, seen  # the take changes nothing; the read says who holds it
+        with statements_seen(alias) as seen, pytest.raises(LockHeld) as held:
+            acquire_or_raise("visible-held", using=alias, ttl=60)
+        assert held.value.holder == other.holder
+    # PostgreSQL's take returns the holder's row; elsewhere the take changes nothing and
+    # a read says who holds the lock.
+    assert len(seen) == (1 if connections[alias].vendor == "postgresql" else 2), seen
     assert all(TABLE in sql for sql in seen)
+
+
+def test_a_take_that_raced_another_reports_the_winner_not_the_old_row(alias: str) -> None:
+    """A take that waited on another take's row lock: on PostgreSQL it sees the row as it
+    was before (its snapshot) and must read again to name the winner."""
+    import threading
+
+    from django.db import connections as all_connections
+
+    first = try_acquire("raced", using=alias, ttl=60)
+    assert first is not None
+    first.release()
+    winner = all_connections.create_connection(alias)
+    try:
+        winner.set_autocommit(False)
+        with winner.cursor() as cursor:  # another server's take, not yet committed
+            later = plus_seconds_sql(winner.vendor, now_sql(winner.vendor))
+            cursor.execute(
+                f"UPDATE {TABLE} SET token = token + 1, host = %s, pid = 1, instance = %s, "
+                f"released_at = NULL, expires_at = {later} WHERE name = %s",
+                ["winner", "winnerinstance", 60, "raced"],
+            )
+        outcome: dict[str, Any] = {}
+
+        def loser() -> None:
+            try:
+                acquire_or_raise("raced", using=alias, ttl=60)
+                outcome["won"] = True
+            except LockHeld as held:
+                outcome["holder"] = held.holder
+            finally:
+                connections[alias].close()
+
+        thread = threading.Thread(target=loser)
+        thread.start()
+        time.sleep(0.5)  # the loser's take now waits on the winner's row lock
+        assert thread.is_alive()
+        winner.commit()
+        thread.join(30)
+    finally:
+        winner.close()
+    assert outcome == {"holder": "winner:1:winnerin"}
 
 
 def test_debug_query_log_shows_the_same_statements_as_production(alias: str) -> None:

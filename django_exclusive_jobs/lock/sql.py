@@ -13,9 +13,12 @@ release  UPDATE ... WHERE our token, not released          freed (kept until min
 check    SELECT ... WHERE our token, not released, open    still ours?
 =======  ===============================================  =================================
 
-Taking a lock is one statement on PostgreSQL and SQLite (``UPDATE ... RETURNING``); a
-server that does not win reads the row to say who holds it. MySQL and MariaDB have no
-``RETURNING``: the row count says who won, and the read gives the new row.
+Taking a lock is one statement on PostgreSQL and SQLite (``UPDATE ... RETURNING``). On
+PostgreSQL the same statement returns the holder's row when the take changes nothing, so
+a server that skips also needs one round trip; it reads again only when its statement
+raced another take and saw the row as it was before. SQLite reads the row after a take
+that changed nothing. MySQL and MariaDB have no ``RETURNING``: the row count says who
+won, and the read gives the new row or the holder's.
 """
 
 from __future__ import annotations
@@ -80,12 +83,25 @@ def _statements(vendor: str, table: str, use_tz: bool) -> dict[str, str]:
     greatest = "MAX" if vendor == "sqlite" else "GREATEST"
     returning = vendor != "mysql"
     mine = "name = %s AND token = %s AND released_at IS NULL"
-    return {
-        # Ours if the lease is over (or the row was never held): the row changes.
-        "take": f"UPDATE {table} SET token = token + 1, host = %s, pid = %s, instance = %s, "
+    take = (
+        f"UPDATE {table} SET token = token + 1, host = %s, pid = %s, instance = %s, "
         f"thread = %s, acquired_at = {now}, expires_at = {ttl_from_now}, released_at = NULL "
         f"WHERE name = %s AND (expires_at IS NULL OR expires_at <= {now})"
-        + (f" RETURNING {COLUMNS}" if returning else ""),
+    )
+    if vendor == "postgresql":
+        # PostgreSQL: the take, or else the row as it stood, in one round trip. "open" is
+        # false when the row we see was taken by someone else after our statement began.
+        take = (
+            f"WITH taken AS ({take} RETURNING {COLUMNS}) "
+            f"SELECT TRUE, TRUE, {COLUMNS} FROM taken UNION ALL "
+            f"SELECT FALSE, expires_at > {now}, {COLUMNS} FROM {table} "
+            "WHERE name = %s AND NOT EXISTS (SELECT 1 FROM taken)"
+        )
+    elif returning:
+        take += f" RETURNING {COLUMNS}"
+    return {
+        # Ours if the lease is over (or the row was never held): the row changes.
+        "take": take,
         # Who holds the lock now; no row: the name was never taken.
         "read": f"SELECT {COLUMNS} FROM {table} WHERE name = %s",
         # Still ours and still open: extend the lease; no row means we lost it.
@@ -112,9 +128,18 @@ class Statements:
 
     def take(self, name: str, ttl: float, me: Identity) -> tuple[bool, Row | None]:
         """(True, our row) if we took the lock, else (False, the holder's row or None)."""
+        postgresql = self.connection.vendor == "postgresql"
         with self.connection.cursor() as cursor:
-            cursor.execute(self.sql["take"], [*me, ttl, name])
-            if self.returning:
+            cursor.execute(self.sql["take"], [*me, ttl, name, *([name] if postgresql else [])])
+            if postgresql:
+                found = cursor.fetchone()
+                if found is None:
+                    return False, None
+                won, current, *values = found
+                if won or current:
+                    return bool(won), Row.of(self.connection, values)
+                taken = False  # raced with another take: read who won, below
+            elif self.returning:
                 ours = Row.of(self.connection, cursor.fetchone())
                 if ours is not None:
                     return True, ours
