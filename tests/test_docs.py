@@ -562,6 +562,7 @@ def test_protocol_page_shows_the_sql_the_lock_sends() -> None:
             elif key is not None and not line.startswith("--"):
                 documented[key] += " " + line
     sent = _statements("postgresql", f'"{JobLock._meta.db_table}"', True)
+
     def normal(sql: str) -> str:  # white space, and none inside parentheses
         return re.sub(r"\(\s+", "(", re.sub(r"\s+\)", ")", " ".join(sql.split())))
 

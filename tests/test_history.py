@@ -204,9 +204,7 @@ def make_run(alias: str, name: str, status: str, *, days_ago: float, slot: bool 
         status=status,
         started_at=moment,
         finished_at=None if status == RunStatus.RUNNING else moment,
-        slot=dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(days=days_ago)
-        if slot
-        else None,
+        slot=dt.datetime(2020, 1, 1, tzinfo=dt.UTC) + dt.timedelta(days=days_ago) if slot else None,
     )
     return JobRun.objects.using(alias).get(pk=run.pk)
 

@@ -361,7 +361,7 @@ def test_unicode_and_case_sensitive_names(alias: str) -> None:
 def test_database_now_is_the_servers_clock(alias: str) -> None:
     now = database_now(alias)
     assert now.tzinfo is not None
-    assert abs((now - dt.datetime.now(dt.timezone.utc)).total_seconds()) < 5
+    assert abs((now - dt.datetime.now(dt.UTC)).total_seconds()) < 5
 
 
 BAD_INPUT = [

@@ -11,7 +11,7 @@ from django.test import override_settings
 from django_exclusive_jobs import LockConfigurationError
 from django_exclusive_jobs.run.schedules import Cron, Every, make_schedule
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
 
 

@@ -25,8 +25,6 @@ def test_one_run_per_slot_with_spread_starts_and_skewed_clocks(alias: str) -> No
     )
     assert ran == Counter(range(TRIGGERS)), "a trigger ran twice or not at all"
     runs = JobRun.objects.using(alias).filter(name="every3")
-    expected = {
-        dt.datetime.fromtimestamp(first + n * EVERY, tz=dt.timezone.utc) for n in range(TRIGGERS)
-    }
+    expected = {dt.datetime.fromtimestamp(first + n * EVERY, tz=dt.UTC) for n in range(TRIGGERS)}
     assert set(runs.values_list("slot", flat=True)) == expected
     assert set(runs.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}

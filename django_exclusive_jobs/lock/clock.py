@@ -93,5 +93,5 @@ def database_now(using: str) -> dt.datetime:
     now = to_datetime(connection, value)
     assert now is not None
     if settings.USE_TZ and now.tzinfo is None:
-        now = now.replace(tzinfo=dt.timezone.utc)
+        now = now.replace(tzinfo=dt.UTC)
     return now

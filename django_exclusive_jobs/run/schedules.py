@@ -19,7 +19,7 @@ from ..conf import app_settings
 from ..lock.durations import DurationLike, parse_duration
 from ..lock.errors import LockConfigurationError
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Schedule:
 
     def slot_at(self, now: dt.datetime) -> dt.datetime:
         """The slot (a UTC datetime) that a run starting at ``now`` serves."""
-        now = now.astimezone(dt.timezone.utc)  # local arithmetic would drop `fold`
+        now = now.astimezone(dt.UTC)  # local arithmetic would drop `fold`
         _, interval = self.latest_at_or_before(now)
         early = self.tolerance
         if early is None:
@@ -46,7 +46,7 @@ class Schedule:
         # the previous slot and an early start of the next can never meet.
         early = min(early, interval / 3)
         slot, _ = self.latest_at_or_before(now + early)
-        return slot.astimezone(dt.timezone.utc)
+        return slot.astimezone(dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Every(Schedule):
         return f"every {self.period}"
 
     def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
-        elapsed = moment.astimezone(dt.timezone.utc) - EPOCH
+        elapsed = moment.astimezone(dt.UTC) - EPOCH
         return EPOCH + (elapsed // self.period) * self.period, self.period
 
 
@@ -77,11 +77,11 @@ class Cron(Schedule):
         zone = zoneinfo.ZoneInfo(self.timezone)
         # CronSim's reverse walk yields instants strictly before its start. Add in UTC:
         # arithmetic on local times drops `fold` and would confuse a repeated hour.
-        utc = moment.astimezone(dt.timezone.utc).replace(microsecond=0)
+        utc = moment.astimezone(dt.UTC).replace(microsecond=0)
         start = (utc + dt.timedelta(seconds=1)).astimezone(zone)
         slot = next(CronSim(self.expression, start, reverse=True))
         following = next(CronSim(self.expression, slot))
-        return slot, following.astimezone(dt.timezone.utc) - slot.astimezone(dt.timezone.utc)
+        return slot, following.astimezone(dt.UTC) - slot.astimezone(dt.UTC)
 
 
 def make_schedule(
