@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from ..conf import app_settings
 from .clock import DatabaseNow, now_plus
 from .durations import DurationLike
 from .errors import JobLockError, LockHeld, LockLost
-from .lock import Lock, process
+from .lock import Lock, held_here, process
 from .retry import run_statement
 from .sql import Row, Statements
 from .validation import (
@@ -142,7 +141,7 @@ def acquire(
     while True:
         result = decide(checked, alias, ttl_delta, hold)
         if isinstance(result, Lock):
-            _held_here()[(alias, checked)] = result
+            held_here()[(alias, checked)] = result
             logger.debug("acquired %s token=%s holder=%s", checked, result.token, result.holder)
             return result
         remaining = deadline - time.monotonic()
@@ -242,21 +241,9 @@ def _first_token(alias: str, name: str) -> int:
     return (runs.aggregate(top=Max("token"))["top"] or 0) + 1
 
 
-# --- nested acquisitions in one thread --------------------------------------------------
-
-_registry = threading.local()  # (alias, name) -> the outermost Lock this thread holds
-
-
-def _held_here() -> dict[tuple[str, str], Lock]:
-    held: dict[tuple[str, str], Lock] | None = getattr(_registry, "held", None)
-    if held is None:
-        held = _registry.held = {}
-    return held
-
-
 def _reenter(alias: str, name: str) -> Lock | None:
     """A nested Lock if this thread already holds ``name`` (its lease is renewed first)."""
-    outer = _held_here().get((alias, name))
+    outer = held_here().get((alias, name))
     if outer is None or not outer.held:
         return None
     try:
@@ -264,10 +251,3 @@ def _reenter(alias: str, name: str) -> Lock | None:
     except LockLost:
         return None
     return _won(name, alias, outer.ttl, outer.min_hold, outer, time.monotonic(), parent=outer)
-
-
-def forget(lock: Lock) -> None:
-    """Drop ``lock`` from this thread's held locks (on release)."""
-    held = _held_here()
-    if held.get((lock.using, lock.name)) is lock:
-        del held[(lock.using, lock.name)]

@@ -51,6 +51,24 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=process.refresh)
 
 
+# Nested acquisitions: the outermost Lock each thread holds, per (alias, name).
+_registry = threading.local()
+
+
+def held_here() -> dict[tuple[str, str], Lock]:
+    held: dict[tuple[str, str], Lock] | None = getattr(_registry, "held", None)
+    if held is None:
+        held = _registry.held = {}
+    return held
+
+
+def forget(lock: Lock) -> None:
+    """Drop ``lock`` from this thread's held locks (on release)."""
+    held = held_here()
+    if held.get((lock.using, lock.name)) is lock:
+        del held[(lock.using, lock.name)]
+
+
 class Lock:
     """One acquisition of a named lock. Made by ``try_acquire``; not shared between threads."""
 
@@ -173,8 +191,6 @@ class Lock:
             was_held = not self._released
             self._released = True
             return was_held
-        from .acquire import forget
-
         forget(self)
         if self._released:
             return False
