@@ -103,8 +103,10 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return False
         return super().has_delete_permission(request)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 says where the actions are shown (list or form); 5.2 and 6.0 do not.
+        where = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **where)
         actions.pop("delete_selected", None)
         return actions
 

@@ -46,6 +46,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return messages
 
 
+def settings_error() -> str | None:
+    """The first serious problem with the settings, as one line (for the commands, which
+    run only this app's checks: a cron line starts fast, and an operator's command must
+    work while another app's check fails)."""
+    errors = [message for message in check_settings() if message.is_serious()]
+    return f"{errors[0].msg} ({errors[0].id})" if errors else None
+
+
 def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     """Each setting's own range (a value that is not a duration is E003 wherever it is)."""
     messages: list[CheckMessage] = []

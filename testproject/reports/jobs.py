@@ -7,9 +7,9 @@ import time
 from django_exclusive_jobs import exclusive_job
 
 
-@exclusive_job("hourly_report", ttl="5m")
+@exclusive_job("hourly_report", cron="0 * * * *", ttl="5m")
 def hourly_report() -> None:
-    """Pretend to build and send the hourly report."""
+    """Pretend to build and send the hourly report: each hour's slot runs once."""
     time.sleep(float(os.environ.get("DEMO_JOB_SECONDS", "1")))
     print(f"hourly_report sent by {socket.gethostname()} pid {os.getpid()}", flush=True)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.errors import JobLockError, LockConfigurationError
 from django_exclusive_jobs.lock.retry import run_statement
@@ -23,6 +24,7 @@ exit codes: 0 done; 1 refused (a held lock without --live) or no such lock;
 
 
 class Command(QuietOnClosedPipe):
+    requires_system_checks: list[str] = []  # only this app's, in handle()
     help = "List job locks and their state; force-release stale ones (held ones need --live)."
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
@@ -46,6 +48,9 @@ class Command(QuietOnClosedPipe):
         parser.add_argument("--database", help="database alias of the lock table")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        problem = settings_error()
+        if problem:
+            raise CommandError(problem, returncode=2)
         action, name, stale = options["action"], options["name"], options["stale"]
         if action == "list" and name is not None:
             raise CommandError(f"list takes no NAME (got {name!r}).", returncode=2)

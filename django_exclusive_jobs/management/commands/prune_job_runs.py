@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.conf import app_settings
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError
@@ -15,6 +16,7 @@ from django_exclusive_jobs.run.history import prune_runs
 
 
 class Command(QuietOnClosedPipe):
+    requires_system_checks: list[str] = []  # only this app's, in handle()
     help = (
         "Delete finished job runs older than --older-than (default EXCLUSIVE_JOBS['KEEP_RUNS'])."
         " Never deletes a running run, a job's last run, or the run that marks a job's"
@@ -27,6 +29,9 @@ class Command(QuietOnClosedPipe):
         parser.add_argument("--database", help="database alias of the run table")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        problem = settings_error()
+        if problem:
+            raise CommandError(problem, returncode=2)
         try:
             older_than = parse_duration(
                 options["older_than"] or app_settings.KEEP_RUNS, what="--older-than"

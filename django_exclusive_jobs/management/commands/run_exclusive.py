@@ -13,7 +13,7 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
-from django_exclusive_jobs.checks import check_settings
+from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError, LockDatabaseError
 from django_exclusive_jobs.management.output import QuietOnClosedPipe, shown_by_logging
@@ -168,9 +168,9 @@ class Command(QuietOnClosedPipe):
 
     def _check(self, options: dict[str, Any]) -> float:
         """Refuse bad settings and options before anything runs; the grace in seconds."""
-        errors = [message for message in check_settings() if message.is_serious()]
-        if errors:
-            raise CommandError(f"{errors[0].msg} ({errors[0].id})", returncode=EXIT_USAGE)
+        problem = settings_error()
+        if problem:
+            raise CommandError(problem, returncode=EXIT_USAGE)
         if not 0 <= options["skipped_exit_code"] <= 255:
             raise CommandError("--skipped-exit-code must be between 0 and 255.", returncode=2)
         grace = parse_duration(options["grace"]).total_seconds()
