@@ -32,7 +32,7 @@ extensions = [
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "snippets"]
+exclude_patterns = ["_build"]
 
 myst_enable_extensions = ["colon_fence", "deflist"]
 # Lets pages link to a section with [text](page.md#section-title); a wrong anchor is a

@@ -117,7 +117,7 @@ def follow_quickstart(work: Path, venv: Path, wheel: Path, env: dict[str, str]) 
 
 def race_two_servers(project: Path, env: dict[str, str]) -> None:
     python = str(Path(env["VIRTUAL_ENV"]) / "bin" / "python")
-    run([python, "manage.py", "shell", "-c", CLEAR_RUNS], project, env)
+    run([python, "manage.py", "shell", "-v", "0", "-c", CLEAR_RUNS], project, env)
     argv = [python, "manage.py", "run_exclusive", "hourly_report"]
     racers = [
         subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, text=True)
@@ -125,7 +125,7 @@ def race_two_servers(project: Path, env: dict[str, str]) -> None:
     ]
     outputs = [racer.communicate(timeout=120)[0] for racer in racers]
     codes = [racer.returncode for racer in racers]
-    runs = run([python, "manage.py", "shell", "-c", COUNT_RUNS], project, env).strip()
+    runs = run([python, "manage.py", "shell", "-v", "0", "-c", COUNT_RUNS], project, env).strip()
     say(f"two racing servers: exit codes {codes}, runs recorded: {runs}")
     if codes != [0, 0] or runs != "1" or sum("skipped" in out for out in outputs) != 1:
         raise SystemExit(
@@ -164,7 +164,7 @@ def main() -> None:
         env = {**env, "PATH": f"{venv / 'bin'}:{env['PATH']}", "VIRTUAL_ENV": str(venv)}
         race_two_servers(project, env)
         status = run(
-            [str(venv / "bin" / "python"), "manage.py", "shell", "-c", ADMIN_PAGE], project, env
+            [str(venv / "bin" / "python"), "manage.py", "shell", "-v", "0", "-c", ADMIN_PAGE], project, env
         )
         if status.strip() != "200":
             raise SystemExit(f"the admin page for locks answered {status.strip()}, not 200")

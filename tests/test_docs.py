@@ -11,9 +11,9 @@
                                   compiled and linted.
 
   A Python block with neither mark, or a name that no test here runs, fails
-  ``test_every_python_block_is_run_or_marked`` or ``test_every_sample_is_run``. The
-  README has no marks: its blocks are named in ``README_SAMPLES`` (a mark, once added,
-  wins). Every sample also passes ``ruff check`` and ``ruff format``.
+  ``test_every_python_block_is_run_or_marked`` or ``test_every_sample_is_run``; the
+  README's blocks are marked the same way. Every sample also passes ``ruff check`` and
+  ``ruff format``.
 * The quickstart is followed word for word by scripts/first_hour.py in CI; its marked
   steps are checked here with that script's own parser.
 * Shell, crontab, systemd, Kubernetes and Docker samples that call ``manage.py`` (in the
@@ -169,12 +169,6 @@ def test_every_page_is_in_a_toctree() -> None:
 
 PYTHON = {"python", "py", "python3"}
 NOT_RUNNABLE = {"pycon", "ipython", "python-console"}
-# The README's Python blocks, named by a line each one has: the README carries no marks.
-README_SAMPLES = {
-    "readme_installed_apps": 'INSTALLED_APPS = [..., "django_exclusive_jobs"]',
-    "readme_jobs": "def hourly_report():",
-    "readme_lock": 'with exclusive_lock("rebuild_index"',
-}
 # The helpers that run a sample: a sample is run when a test here calls one with its name.
 RUNNERS = {"load_sample", "settings_of"}
 
@@ -184,8 +178,6 @@ def sample_name(block: Block) -> str | None:
     if block.marks("not-run"):
         return None
     names = block.marks("sample")
-    if block.path == README and not names:
-        names = [name for name, line in README_SAMPLES.items() if line in block.body]
     return names[0] if len(names) == 1 else None
 
 
@@ -256,7 +248,7 @@ def test_python_block_marks_are_checked(tmp_path: Path) -> None:
 def test_samples_have_one_name_each() -> None:
     names = [name for block in python_blocks() if (name := sample_name(block))]
     assert len(names) == len(set(names)), "two blocks share a sample name"
-    assert set(README_SAMPLES) <= set(names), "a README sample is not found any more"
+    assert {"readme_installed_apps", "readme_jobs", "readme_lock"} <= set(names)
 
 
 def test_every_sample_is_run() -> None:
@@ -1178,8 +1170,7 @@ def test_python_samples_pass_ruff() -> None:
     problems = []
     for block in python_blocks():
         name = f"docs/{block.where.replace(':', '_line_').replace('/', '_')}.py"
-        # The README's lock sample imports "exclusive_lock, LockHeld" unsorted (I001).
-        ignore = "F821,I001" if block.path == README else "F821"
+        ignore = "F821"
         for argv in (
             [ruff, "check", "--quiet", "--ignore", ignore, "--stdin-filename", name, "-"],
             [ruff, "format", "--diff", "--quiet", "--stdin-filename", name, "-"],
