@@ -200,7 +200,10 @@ def _create(
             return rows.get_or_create(name=name, defaults=defaults)
 
     row, created = run_statement(alias, create)
-    if not created:
+    # The row did not exist when we looked: one with our process and thread is the one
+    # our create made before a dropped connection made it retry.
+    ours = (row.instance, row.thread, row.released_at) == (me.instance, me.thread, None)
+    if not created and not ours:
         return Held(name, row.holder, row.expires_at)
     run_statement(alias, lambda: row.refresh_from_db(fields=["acquired_at", "expires_at"]))
     return _won(name, alias, ttl, min_hold, row, started)
