@@ -11,7 +11,7 @@ from django.core.checks import CheckMessage, Error, Warning
 
 from .conf import DEFAULTS, GONE
 from .lock.durations import parse_duration
-from .lock.validation import MIN_TTL
+from .lock.validation import MAX_TTL, MIN_TTL
 
 SETTING = "EXCLUSIVE_JOBS"
 PREFIX = "django_exclusive_jobs."
@@ -75,11 +75,11 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
         messages.append(Error(f"{SETTING}[{key!r}] {problem}", hint=hint, id=PREFIX + id))
 
     ttl, hold = duration("TTL"), duration("MIN_HOLD")
-    if ttl is not None and ttl < MIN_TTL:
+    if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
         error(
             "E004",
             "TTL",
-            f"must be at least {MIN_TTL.total_seconds():g}s.",
+            f"must be between {MIN_TTL.total_seconds():g}s and {MAX_TTL.days} days.",
             "A lease of a few minutes suits most jobs; keep-alive renews it.",
         )
     if hold is not None and (hold < dt.timedelta(0) or (ttl is not None and hold > ttl)):
@@ -119,6 +119,16 @@ def _check_databases(alias: str | None) -> list[CheckMessage]:
                 hint="Point EXCLUSIVE_JOBS['DATABASE'] at a second alias without "
                 "ATOMIC_REQUESTS for the same database.",
                 id=PREFIX + "W001",
+            )
+        )
+    if not settings.USE_TZ:
+        messages.append(
+            Error(
+                "USE_TZ = False is not supported: leases, slots and run history are times on "
+                "the database's clock, and local times repeat an hour each autumn, when two "
+                "servers could both hold a lock.",
+                hint="Set USE_TZ = True (Django's default since 5.0).",
+                id=PREFIX + "E013",
             )
         )
     uses_sqlite = any("sqlite3" in str(db.get("ENGINE", "")) for db in settings.DATABASES.values())

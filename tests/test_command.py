@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 
 from django_exclusive_jobs import force_release
-from django_exclusive_jobs.models import JobLock
+from django_exclusive_jobs.models import JobLock, JobRun
 
 from .helpers import other_holder
 
@@ -280,6 +280,24 @@ def test_sigterm_stops_job_releases_lock_and_exits_143(
     assert again.returncode == 0
     assert follow.returncode == 0, follow.stderr
     assert follow.stdout.startswith("acquired slow token=2")
+
+
+def test_sigterm_while_waiting_for_the_lock_stops_at_once_and_uses_no_slot(
+    alias: str, marker: Path, processes: list[subprocess.Popen[str]]
+) -> None:
+    with other_holder(alias) as other:
+        assert other.try_acquire("quick", ttl=120) is not None
+        waiting = start(
+            processes, alias, "quick", "--wait", "60", "--every", "1h", env=command_env(marker)
+        )
+        time.sleep(3)  # Django is up and the command is in its wait loop
+        began = time.monotonic()
+        waiting.send_signal(signal.SIGTERM)
+        waiting.communicate(timeout=30)
+        assert time.monotonic() - began < 5  # not after the 60 s wait
+    assert waiting.returncode == 128 + signal.SIGTERM
+    assert runs(marker, "quick") == 0
+    assert not JobRun.objects.using(alias).filter(name="quick").exists()  # the slot is free
 
 
 def test_sigterm_is_passed_to_a_child_program(

@@ -168,3 +168,16 @@ def test_separate_alias_lets_a_lock_be_taken_inside_a_transaction(
                     try_acquire("in-transaction", using="postgres")
         finally:
             clean_tables("postgres")
+
+
+def test_use_tz_false_is_refused_by_the_checks() -> None:
+    with override_settings(USE_TZ=False):
+        ids = [message.id for message in check_settings()]
+    assert ids == ["django_exclusive_jobs.E013"]
+
+
+def test_a_lease_longer_than_a_year_is_refused() -> None:
+    with pytest.raises(LockConfigurationError, match="at most 366 days"):
+        try_acquire("forever", ttl="400d")
+    with override_settings(EXCLUSIVE_JOBS={"TTL": "400d"}):
+        assert "django_exclusive_jobs.E004" in [m.id for m in check_settings()]

@@ -191,3 +191,61 @@ def test_keepalive_follows_the_setting_unless_the_job_says(
 
     with override_settings(EXCLUSIVE_JOBS={"KEEPALIVE": setting}):
         assert job() is expected
+
+
+def test_async_calls_sharing_one_sync_thread_run_the_job_once(alias: str) -> None:
+    """Every async call takes its lock in Django's one sync thread: the second and third
+    must skip like any other server, not re-enter the first call's lock."""
+    started = 0
+
+    @exclusive_job("async-once", using=alias, ttl=60)
+    async def job() -> str:
+        nonlocal started
+        started += 1
+        await asyncio.sleep(0.3)
+        return "ran"
+
+    async def three() -> list[Any]:
+        return list(await asyncio.gather(job(), job(), job()))
+
+    try:
+        results = asyncio.run(three())
+    finally:
+        asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+    assert started == 1
+    assert sorted(results, key=str) == [None, None, "ran"]
+
+
+def test_a_job_that_calls_itself_skips_the_inner_call(alias: str) -> None:
+    calls: list[Any] = []
+
+    @exclusive_job("self-calling", using=alias, ttl=60)
+    def job(depth: int) -> str:
+        calls.append(depth)
+        if depth == 0:
+            assert job(1) is None  # the job is running: the inner call skips
+        return "done"
+
+    assert job(0) == "done"
+    assert calls == [0]
+
+
+def test_a_failing_job_started_receiver_does_not_leave_the_lock_held(alias: str) -> None:
+    from django_exclusive_jobs.models import JobLock, JobRun
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("metrics backend down")
+
+    @exclusive_job("receiver-fails", using=alias, ttl=60)
+    def job() -> None:
+        raise AssertionError("the job must not start")
+
+    job_started.connect(broken)
+    try:
+        with pytest.raises(RuntimeError, match="metrics backend down"):
+            job()
+    finally:
+        job_started.disconnect(broken)
+    assert JobLock.objects.using(alias).free().filter(name="receiver-fails").exists()
+    run = JobRun.objects.using(alias).get(name="receiver-fails")
+    assert run.status == "failed"

@@ -129,15 +129,22 @@ def test_run_whose_lock_was_cleared_mid_run_is_recorded_lost_and_can_be_retried(
     assert (run.status, run.attempts) == (RunStatus.SUCCEEDED, 2)
 
 
-def test_job_whose_set_up_outlasted_its_lease_does_not_start(alias: str) -> None:
-    """Writing the run row stalled past the lease: another server may hold it by now."""
+@pytest.mark.parametrize(
+    ("keepalive", "starts"), [(False, False), (True, True)], ids=["no-keepalive", "keepalive"]
+)
+def test_job_whose_set_up_outlasted_its_lease_does_not_start(
+    alias: str, keepalive: bool, starts: bool
+) -> None:
+    """Writing the run row stalled past the lease: another server may hold it by now.
+    With keep-alive (on from the moment the lock is taken) the lease outlives the stall."""
+    import contextlib
     import time
 
     from django.db import connections
 
     calls: list[int] = []
 
-    @exclusive_job("hist-slow-start", using=alias, ttl=0.5)
+    @exclusive_job(f"hist-slow-start-{keepalive}", using=alias, ttl=0.5, keepalive=keepalive)
     def job() -> None:
         calls.append(1)
 
@@ -146,14 +153,18 @@ def test_job_whose_set_up_outlasted_its_lease_does_not_start(alias: str) -> None
             time.sleep(0.7)
         return execute(sql, params, many, context)
 
+    refused = pytest.raises(LockLost, match="the lease ran out before the job started")
     with (
         connections[alias].execute_wrapper(stall_run_row),
-        pytest.raises(LockLost, match="the lease ran out before the job started"),
+        contextlib.nullcontext() if starts else refused,
     ):
         job()
-    assert calls == []
-    run = JobRun.objects.using(alias).get(name="hist-slow-start")
-    assert (run.status, run.error_type) == (RunStatus.LOST, "LockLost")
+    run = JobRun.objects.using(alias).get(name=f"hist-slow-start-{keepalive}")
+    if starts:
+        assert (calls, run.status) == ([1], RunStatus.SUCCEEDED)
+    else:
+        assert calls == []
+        assert (run.status, run.error_type) == (RunStatus.LOST, "LockLost")
 
 
 def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:

@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +70,19 @@ def acquire_or_raise(
     min_hold: DurationLike | None = None,
     wait: DurationLike | None = None,
     using: str | None = None,
+    reentrant: bool = True,
+    stop_waiting: Callable[[], bool] | None = None,
 ) -> Lock:
     """Like :func:`try_acquire` but raise :class:`LockHeld` (with the holder) on a skip."""
-    result = acquire(name, ttl=ttl, min_hold=min_hold, wait=wait, using=using)
+    result = acquire(
+        name,
+        ttl=ttl,
+        min_hold=min_hold,
+        wait=wait,
+        using=using,
+        reentrant=reentrant,
+        stop_waiting=stop_waiting,
+    )
     if isinstance(result, Held):
         raise LockHeld(result.name, holder=result.holder, expires_at=result.expires_at)
     return result
@@ -126,14 +136,22 @@ def acquire(
     min_hold: DurationLike | None = None,
     wait: DurationLike | None = None,
     using: str | None = None,
+    reentrant: bool = True,
+    stop_waiting: Callable[[], bool] | None = None,
 ) -> Lock | Held:
-    """Decide, and with ``wait`` decide again with backoff until won or the time is up."""
+    """Decide, and with ``wait`` decide again with backoff until won or the time is up.
+
+    ``reentrant``: a thread that holds ``name`` already gets a nested Lock (a job's run
+    passes False: a second run of a job in one thread, or one more async call sharing
+    Django's sync thread, must skip like any other). ``stop_waiting`` ends the wait early
+    when it returns True (a signal arrived).
+    """
     checked = validate_name(name)
     ttl_delta, hold = validate_timing(ttl, min_hold)
     wait_seconds = validate_wait(wait)
     alias = resolve_alias(using)
     check_outside_transaction(alias)
-    nested = _reenter(alias, checked)
+    nested = _reenter(alias, checked) if reentrant else None
     if nested is not None:
         return nested
     deadline = time.monotonic() + wait_seconds
@@ -145,9 +163,9 @@ def acquire(
             logger.debug("acquired %s token=%s holder=%s", checked, result.token, result.holder)
             return result
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or (stop_waiting is not None and stop_waiting()):
             return result
-        time.sleep(min(remaining, delay * random.uniform(0.8, 1.2)))
+        time.sleep(min(remaining, delay * random.uniform(0.8, 1.2), 0.5))
         delay = min(delay * 1.6, 2.0)
 
 
@@ -167,7 +185,7 @@ def decide(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> 
     if row is None:
         return _create(name, alias, ttl, min_hold, started)
     # A retried take whose first try had committed finds the lock held by itself.
-    if taken or (tries > 1 and row.held_by(me)):
+    if taken or (tries > 1 and row.taken_by(me)):
         return _won(name, alias, ttl, min_hold, row, started)
     return Held(name, row.holder, row.expires_at)
 
@@ -188,10 +206,10 @@ def _create(
         "thread": me.thread,
         "acquired_at": now,
         "expires_at": now_plus(ttl),
-        "token": _first_token(alias, name),
     }
 
     def create() -> tuple[JobLock, bool]:
+        defaults["token"] = _first_token(alias, name)
         try:
             with transaction.atomic(using=alias):
                 return rows.get_or_create(name=name, defaults=defaults)

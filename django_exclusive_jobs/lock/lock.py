@@ -3,7 +3,8 @@
 A lock is held while its lease is open on the database's clock. Its holder renews the
 lease (keep-alive does it every ttl/3), checks it (``ensure_held``), and releases it.
 ``token`` is the fencing token: it grows by one at every acquisition of the name, so a
-write guarded by ``WHERE token >= mine`` refuses a holder that was taken over.
+guarded write (``... WHERE fence_token <= mine``, storing ``mine``) refuses a holder that
+was taken over: a newer holder has written a higher token.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ logger = logging.getLogger("django_exclusive_jobs")
 T = TypeVar("T")
 
 MYSQL_BUSY = {1205, 1213}  # lock wait timeout, deadlock
+# Serialization failure, deadlock: a project running PostgreSQL in REPEATABLE READ or
+# SERIALIZABLE sees a lost race this way, not as a re-checked UPDATE.
+POSTGRES_BUSY = {"40001", "40P01"}
 # Can't connect, server gone away, lost connection during query, out of sync.
 MYSQL_DROPPED = {2002, 2003, 2006, 2013, 2055}
 RECONNECT_DELAYS = (0.2, 0.5, 1.0)
@@ -57,15 +60,18 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
                 continue
             raise _explained(alias, exc) from exc
         except DatabaseError as exc:
-            if table_missing(alias):
-                raise _table_missing_error(alias) from exc
-            raise
+            # Another refusal (a read-only server after a failover, bad SQL): one clear
+            # error that callers already handle, never a raw driver exception.
+            raise _explained(alias, exc) from exc
 
 
 def is_busy(exc: BaseException) -> bool:
     """A contention error the statement can simply be retried after."""
     text = str(exc)
     if "database is locked" in text or "database table is locked" in text:
+        return True
+    cause = exc.__cause__ or exc
+    if getattr(cause, "sqlstate", None) in POSTGRES_BUSY:
         return True
     return error_code(exc) in MYSQL_BUSY
 

@@ -65,7 +65,7 @@ class Row:
         acquired_at, expires_at, released_at = (to_datetime(connection, t) for t in times)
         return cls(token, host, pid, instance, thread, acquired_at, expires_at, released_at)
 
-    def held_by(self, me: Identity) -> bool:
+    def taken_by(self, me: Identity) -> bool:
         """Taken by ``me`` (this process and thread) and not released."""
         return (self.instance, self.thread, self.released_at) == (me.instance, me.thread, None)
 
@@ -89,8 +89,9 @@ def _statements(vendor: str, table: str, use_tz: bool) -> dict[str, str]:
         f"WHERE name = %s AND (expires_at IS NULL OR expires_at <= {now})"
     )
     if vendor == "postgresql":
-        # PostgreSQL: the take, or else the row as it stood, in one round trip. "open" is
-        # false when the row we see was taken by someone else after our statement began.
+        # PostgreSQL: the take, or else the holder's row, in one round trip. The second
+        # column ("open") is not true when the row we see is the one as it was before
+        # another take that our statement waited on: then the holder is read again.
         take = (
             f"WITH taken AS ({take} RETURNING {COLUMNS}) "
             f"SELECT TRUE, TRUE, {COLUMNS} FROM taken UNION ALL "
@@ -128,28 +129,36 @@ class Statements:
 
     def take(self, name: str, ttl: float, me: Identity) -> tuple[bool, Row | None]:
         """(True, our row) if we took the lock, else (False, the holder's row or None)."""
-        postgresql = self.connection.vendor == "postgresql"
         with self.connection.cursor() as cursor:
-            cursor.execute(self.sql["take"], [*me, ttl, name, *([name] if postgresql else [])])
-            if postgresql:
-                found = cursor.fetchone()
-                if found is None:
-                    return False, None
-                won, current, *values = found
-                if won or current:
-                    return bool(won), Row.of(self.connection, values)
-                taken = False  # raced with another take: read who won, below
-            elif self.returning:
+            if self.connection.vendor == "postgresql":
+                return self._take_postgresql(cursor, name, ttl, me)
+            cursor.execute(self.sql["take"], [*me, ttl, name])
+            if self.returning:  # SQLite: our row, or nothing and a read of the holder's
                 ours = Row.of(self.connection, cursor.fetchone())
-                if ours is not None:
-                    return True, ours
-                taken = False
-            else:
-                taken = cursor.rowcount == 1
-            cursor.execute(self.sql["read"], [name])
-            row = Row.of(self.connection, cursor.fetchone())
-        # MySQL: the row read after our take could already be a later holder's.
-        return bool(taken and row is not None and row.held_by(me)), row
+                return (True, ours) if ours is not None else (False, self._read(cursor, name))
+            # MySQL/MariaDB: the row count says whether we took it; the read gives the row,
+            # which may already be a later holder's if our lease ended in between.
+            taken = cursor.rowcount == 1
+            row = self._read(cursor, name)
+            return bool(taken and row is not None and row.taken_by(me)), row
+
+    def _take_postgresql(
+        self, cursor: Any, name: str, ttl: float, me: Identity
+    ) -> tuple[bool, Row | None]:
+        cursor.execute(self.sql["take"], [*me, ttl, name, name])
+        found = cursor.fetchone()
+        if found is None:
+            return False, None
+        won, open_, *values = found
+        if won or open_:
+            return bool(won), Row.of(self.connection, values)
+        # Our statement waited on another take and saw the row as it was before: read
+        # who won.
+        return False, self._read(cursor, name)
+
+    def _read(self, cursor: Any, name: str) -> Row | None:
+        cursor.execute(self.sql["read"], [name])
+        return Row.of(self.connection, cursor.fetchone())
 
     def read(self, name: str) -> Row | None:
         with self.connection.cursor() as cursor:

@@ -16,6 +16,8 @@ from .retry import one_line
 
 MAX_NAME_LENGTH = 255
 MIN_TTL = dt.timedelta(milliseconds=100)
+# A lease past the year 9999 is NULL on SQLite and MySQL, which reads as "free".
+MAX_TTL = dt.timedelta(days=366)
 
 
 def validate_name(name: object) -> str:
@@ -48,6 +50,11 @@ def validate_timing(
         ttl_delta = parse_duration(app_settings.TTL if ttl is None else ttl, what="ttl")
     if ttl_delta <= dt.timedelta(0):
         raise LockConfigurationError(f"ttl must be positive, got {ttl_delta.total_seconds():g}s.")
+    if MAX_TTL < ttl_delta < dt.timedelta.max:  # max: no ttl given, checked at run time
+        raise LockConfigurationError(
+            f"ttl must be at most {MAX_TTL.days} days, got {ttl_delta}: keep-alive renews "
+            "a lease while the job runs, so a long one only delays a crashed server's release."
+        )
     if ttl_delta < MIN_TTL:
         raise LockConfigurationError(
             f"ttl must be at least {MIN_TTL.total_seconds():g}s, got "

@@ -38,9 +38,9 @@ def _runs(alias: str) -> JobRunQuerySet:
 
 
 def claim(lock: Lock, name: str, slot: dt.datetime | None, *, retry_failed: bool) -> JobRun:
-    """This run's row, or another run that already has ``slot`` (``status`` says which).
+    """This run's row, or another run that already has ``slot`` (:func:`is_ours` tells).
 
-    The returned row is ours when its ``token`` is ``lock.token`` and it is running.
+    First closes the job's runs abandoned by earlier holders (:func:`close_abandoned`).
     """
     runs = _runs(lock.using)
     close_abandoned(lock, name)

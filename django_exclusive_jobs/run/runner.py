@@ -118,16 +118,30 @@ class JobRunner:
         return result
 
     def start(self) -> Lock | RunResult:
-        """Take the lock and claim the run; a SKIPPED result if another has either."""
+        """Take the lock and claim the run; a SKIPPED result if another has either.
+
+        Never re-entrant: a second run of the job in this thread (a job calling itself,
+        or another async call sharing Django's sync thread) skips like any other server.
+        """
         try:
             lock = acquire_or_raise(
-                self.name, ttl=self.ttl, min_hold=self.min_hold, wait=self.wait, using=self.using
+                self.name,
+                ttl=self.ttl,
+                min_hold=self.min_hold,
+                wait=self.wait,
+                using=self.using,
+                reentrant=False,
+                stop_waiting=lambda: self.pending_signal is not None,
             )
         except LockHeld as held:
+            if self.pending_signal is not None:
+                return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
             until = held.expires_at.isoformat(timespec="seconds") if held.expires_at else "?"
             return self._skipped(
                 f"held by {held.holder or '?'} until {until}", held.holder, held.expires_at
             )
+        if self.keepalive:  # from now: writing history may be slow (busy retries)
+            lock.start_keepalive()
         try:
             skipped = self._claim(lock)
         except BaseException:
@@ -137,13 +151,19 @@ class JobRunner:
             lock.release()
             return skipped
         self.lock = lock
-        slot = f" slot={self.slot.isoformat()}" if self.slot else ""
-        self._say(f"acquired {self.name} token={lock.token} holder={lock.holder}{slot}")
-        signals.lock_lost.connect(self._lost_receiver, sender=Lock)
-        if self.keepalive:
-            lock.start_keepalive()
         self._started = time.monotonic()
-        signals.job_started.send(sender=self.name, name=self.name, lock=lock)
+        try:
+            slot = f" slot={self.slot.isoformat()}" if self.slot else ""
+            self._say(f"acquired {self.name} token={lock.token} holder={lock.holder}{slot}")
+            signals.lock_lost.connect(self._lost_receiver, sender=Lock)
+            signals.job_started.send(sender=self.name, name=self.name, lock=lock)
+        except BaseException as exc:
+            # A failing job_started receiver (or a log handler): the run ends here,
+            # recorded and released, never left 'running' under a renewed lease.
+            result = self.begin(lock)
+            self.record(result, exc)
+            self.finish(result)
+            raise
         return lock
 
     def begin(self, lock: Lock) -> RunResult:
@@ -216,11 +236,19 @@ class JobRunner:
         so outside the job body the signal is only remembered.
         """
         if self.in_job:
+            self.in_job = False  # a second signal must not cut the release short
+            self.pending_signal = signum
             raise Interrupted(signum)
         self.pending_signal = signum
 
     def _claim(self, lock: Lock) -> RunResult | None:
-        """Write this run's history row; a SKIPPED result if its slot already has a run."""
+        """Write this run's history row; a SKIPPED result if its slot already has a run.
+
+        A stop asked for while the lock was being taken ends here, before the slot is
+        used up: the result is INTERRUPTED and nothing is written.
+        """
+        if self.pending_signal is not None:
+            return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
         if self.schedule is not None:
             if lock.acquired_at is None:
                 raise LockLost(lock.name, lock.token, "the acquisition time is unknown")

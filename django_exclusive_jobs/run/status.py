@@ -30,5 +30,5 @@ class RunStatus(models.TextChoices):
 
     @classmethod
     def unsuccessful(cls) -> list[str]:
-        """The ends a later start may retry with ``retry_failed``: the job did not finish."""
+        """The ends a later start may retry with ``retry_failed``: failed, interrupted, lost."""
         return [cls.FAILED, cls.INTERRUPTED, cls.LOST]
