@@ -164,7 +164,9 @@ def main() -> None:
         env = {**env, "PATH": f"{venv / 'bin'}:{env['PATH']}", "VIRTUAL_ENV": str(venv)}
         race_two_servers(project, env)
         status = run(
-            [str(venv / "bin" / "python"), "manage.py", "shell", "-v", "0", "-c", ADMIN_PAGE], project, env
+            [str(venv / "bin" / "python"), "manage.py", "shell", "-v", "0", "-c", ADMIN_PAGE],
+            project,
+            env,
         )
         if status.strip() != "200":
             raise SystemExit(f"the admin page for locks answered {status.strip()}, not 200")
