@@ -199,7 +199,9 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 for lock in locks
                 if lock.state != LockState.HELD or release_held  # type: ignore[attr-defined]
             ]
-            released = self._force_release(request, queryset.filter(name__in=names))
+            chosen = queryset.filter(name__in=names)
+            # Held a moment ago is checked again in the UPDATE: a lock taken since stays.
+            released = self._force_release(request, chosen if release_held else chosen.not_held())
             if released:
                 self.message_user(
                     request,

@@ -11,6 +11,7 @@ from django.db.models import Case, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from .lock.clock import DatabaseNow, now_plus
+from .lock.sql import holder_name
 from .run.status import RunStatus
 
 
@@ -56,6 +57,10 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
         return self.filter(
             Q(expires_at__isnull=True) | Q(released_at__isnull=False, expires_at__lte=DatabaseNow())
         )
+
+    def not_held(self) -> JobLockQuerySet:
+        """Every lock but the held ones (what an operator may free without --live)."""
+        return self.exclude(released_at__isnull=True, expires_at__gt=DatabaseNow())
 
     def closed(self) -> JobLockQuerySet:
         """Locks nobody else may take now (held or in cooldown)."""
@@ -146,9 +151,7 @@ class JobLock(models.Model):
     @property
     def holder(self) -> str:
         """Who holds (or last held) the lock: ``host:pid:instance``."""
-        if not self.instance:
-            return ""
-        return f"{self.host}:{self.pid}:{self.instance[:8]}"
+        return holder_name(self.host, self.pid, self.instance)
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
@@ -252,6 +255,4 @@ class JobRun(models.Model):
     @property
     def holder(self) -> str:
         """The lock holder that made the run: ``host:pid:instance``."""
-        if not self.instance:
-            return ""
-        return f"{self.host}:{self.pid}:{self.instance[:8]}"
+        return holder_name(self.host, self.pid, self.instance)

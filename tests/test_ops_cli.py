@@ -133,3 +133,30 @@ def test_output_piped_into_head_ends_quietly(alias: str, command: list[str]) -> 
     assert result.stderr == ""
     assert result.returncode == 0
     assert len(result.stdout.splitlines()) == 1
+
+
+def test_force_release_refuses_a_lock_taken_between_its_read_and_its_update(alias: str) -> None:
+    """The state is read first; a stale lock taken in between must not be freed."""
+    from django.db import connections
+
+    with other_holder(alias) as other:
+        other.try_acquire("raced-stale", ttl=600)
+        expire_now(alias, "raced-stale")
+        other.release("raced-stale")  # gone: the row is stale-then-free...
+        other.try_acquire("raced-stale", ttl=600)
+        expire_now(alias, "raced-stale")  # ...and now stale: its holder died
+        taken = []
+
+        def take_after_the_read(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+            if not taken and sql.lstrip().upper().startswith("UPDATE"):
+                taken.append(other.try_acquire("raced-stale", ttl=600))  # just before ours
+            return execute(sql, params, many, context)
+
+        with (
+            connections[alias].execute_wrapper(take_after_the_read),
+            pytest.raises(CommandError, match="taken meanwhile") as info,
+        ):
+            run(alias, "force-release", "raced-stale")
+        assert taken and taken[0] is not None
+        assert info.value.returncode == 1
+        assert state_of(alias, "raced-stale") == LockState.HELD

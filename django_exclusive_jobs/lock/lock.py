@@ -23,7 +23,7 @@ from django.db import connections
 from .. import signals
 from .errors import JobLockError, LockLost
 from .retry import run_statement
-from .sql import Identity, Statements
+from .sql import Identity, Statements, holder_name
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -40,7 +40,7 @@ class _Process:
         self.instance = uuid.uuid4().hex
 
     def holder(self) -> str:
-        return f"{self.host}:{self.pid}:{self.instance[:8]}"
+        return holder_name(self.host, self.pid, self.instance)
 
     def me(self) -> Identity:
         """This process and the calling thread, as a take writes them into the row."""

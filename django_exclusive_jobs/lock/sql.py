@@ -35,6 +35,11 @@ from .clock import now_sql, plus_seconds_sql, to_datetime
 COLUMNS = "token, host, pid, instance, thread, acquired_at, expires_at, released_at"
 
 
+def holder_name(host: str, pid: int | None, instance: str) -> str:
+    """How a holder is shown everywhere (logs, admin, CLI): ``host:pid:instance``."""
+    return f"{host}:{pid}:{instance[:8]}" if instance else ""
+
+
 class Identity(NamedTuple):
     """Who takes a lock: this process and thread, as the take writes it into the row."""
 
@@ -72,7 +77,7 @@ class Row:
     @property
     def holder(self) -> str:
         """Who holds (or last held) the lock: ``host:pid:instance``."""
-        return f"{self.host}:{self.pid}:{self.instance[:8]}" if self.instance else ""
+        return holder_name(self.host, self.pid, self.instance)
 
 
 @functools.lru_cache(maxsize=16)

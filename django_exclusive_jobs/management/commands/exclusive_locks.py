@@ -84,12 +84,19 @@ class Command(QuietOnClosedPipe):
                 "Add --live to force-release it anyway.",
                 returncode=1,
             )
-        changed = run_statement(alias, locks.filter(pk=lock.pk).force_release)
-        self.stdout.write(
-            f"force-released {name} (was {state}, token {lock.token})"
-            if changed
-            else f"{name} was already free"
-        )
+        # The state was read a moment ago: without --live the UPDATE itself refuses a lock
+        # that has been taken since.
+        target = locks.filter(pk=lock.pk)
+        changed = run_statement(alias, (target if live else target.not_held()).force_release)
+        if changed:
+            self.stdout.write(f"force-released {name} (was {state}, token {lock.token})")
+        elif not live and run_statement(alias, target.held().exists):
+            raise CommandError(
+                f"Lock {name!r} was taken meanwhile; add --live to force-release it anyway.",
+                returncode=1,
+            )
+        else:
+            self.stdout.write(f"{name} was already free")
 
     def _list(self, alias: str, *, stale: bool, as_json: bool) -> None:
         locks = JobLock.objects.using(alias)
