@@ -15,6 +15,7 @@ from ..lock.validation import validate_name, validate_timing
 from .registry import Job, register
 from .runner import JobRunner, RunResult
 from .schedules import make_schedule
+from .status import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,24 +106,17 @@ def exclusive_job(
 def _sync_wrapper(job: Job) -> Callable[..., Any]:
     @functools.wraps(job.func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runner = runner_for(job)
-        started = runner.start()
-        if isinstance(started, RunResult):
-            return _after_skip(job, started)
-        result = runner.begin(started)
-        try:
-            runner.ensure_lease_left(started)
-            result.value = job.func(*args, **kwargs)
-        except BaseException as exc:
-            runner.record(result, exc)
-        runner.finish(result)
+        result = runner_for(job).run(lambda lock: job.func(*args, **kwargs))
+        if result.status == RunStatus.SKIPPED:
+            return _after_skip(job, result)
         return _returned(result)
 
     return wrapper
 
 
 def _async_wrapper(job: Job) -> Callable[..., Any]:
-    """The same lifecycle; the lock's statements block, so they run in Django's sync thread."""
+    """``JobRunner.run``'s lifecycle, step by step: the lock's statements block, so they
+    run in Django's sync thread, while the job is awaited here."""
     start = sync_to_async(lambda runner: runner.start(), thread_sensitive=True)
     finish = sync_to_async(lambda runner, result: runner.finish(result), thread_sensitive=True)
 
