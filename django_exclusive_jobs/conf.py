@@ -27,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
     # How long to keep retrying a statement the database refused for contention:
     # SQLite's "database is locked", a MySQL/MariaDB deadlock or row-lock timeout.
     "BUSY_TIMEOUT": dt.timedelta(seconds=30),
+    # A shared secret for the optional health view (monitors send it as a Bearer
+    # token); None: only staff who may view jobs see the view.
+    "HEALTH_TOKEN": None,
 }
 
 # Settings that existed before and what became of them (system check W002).

@@ -231,6 +231,19 @@ class JobRun(models.Model):
     error_type = models.CharField(_("error type"), max_length=255, blank=True)
     error = models.TextField(_("error"), blank=True)
     returncode = models.IntegerField(_("exit code"), null=True, blank=True)
+    requested_by = models.CharField(
+        _("asked for by"),
+        max_length=255,
+        blank=True,
+        help_text=_("Set on a manual run (run now): who asked for it."),
+    )
+    task_result_id = models.CharField(
+        _("task result id"),
+        max_length=255,
+        blank=True,
+        help_text=_("Set when the run enqueued a django.tasks Task: its result's id."),
+    )
+    task_backend = models.CharField(_("task backend"), max_length=255, blank=True)
 
     objects: ClassVar[JobRunQuerySet] = JobRunQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -256,3 +269,106 @@ class JobRun(models.Model):
     def holder(self) -> str:
         """The lock holder that made the run: ``host:pid:instance``."""
         return holder_name(self.host, self.pid, self.instance)
+
+
+class SchedulerQuerySet(models.QuerySet["Scheduler"]):
+    """Running ``exclusive_scheduler`` processes, judged on the database's clock."""
+
+    def alive(self) -> SchedulerQuerySet:
+        """Running schedulers whose last heartbeat is recent (``Scheduler.ALIVE_FOR``)."""
+        return self.filter(stopped_at__isnull=True, last_beat_at__gt=now_plus(-Scheduler.ALIVE_FOR))
+
+    def gone(self) -> SchedulerQuerySet:
+        """Schedulers that stopped (``stopped_at`` set) or stopped beating (killed, cut off)."""
+        return self.exclude(
+            stopped_at__isnull=True, last_beat_at__gt=now_plus(-Scheduler.ALIVE_FOR)
+        )
+
+    def forgotten(self) -> SchedulerQuerySet:
+        """Rows of schedulers gone so long they are deleted (``Scheduler.FORGET_AFTER``)."""
+        return self.filter(last_beat_at__lte=now_plus(-Scheduler.FORGET_AFTER))
+
+
+class Scheduler(models.Model):
+    """One running ``manage.py exclusive_scheduler``: its heartbeat row.
+
+    Written every ``BEAT`` on database time; a row whose last beat is older than
+    ``ALIVE_FOR`` is a scheduler that is gone; rows gone for ``FORGET_AFTER`` are deleted,
+    so "no scheduler since 02:14" can be told for a day.
+    """
+
+    BEAT = dt.timedelta(seconds=10)
+    ALIVE_FOR = dt.timedelta(seconds=45)
+    FORGET_AFTER = dt.timedelta(days=1)
+
+    instance = models.CharField(_("instance"), max_length=32, unique=True)
+    host = models.CharField(_("host"), max_length=255)
+    pid = models.IntegerField(_("process id"))
+    version = models.CharField(_("version"), max_length=64, blank=True)
+    jobs = models.JSONField(_("jobs"), default=list, help_text=_("The jobs it serves."))
+    started_at = models.DateTimeField(_("started at"))
+    last_beat_at = models.DateTimeField(_("last heartbeat"))
+    stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+
+    objects: ClassVar[SchedulerQuerySet] = SchedulerQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        verbose_name = _("scheduler")
+        verbose_name_plural = _("schedulers")
+        ordering = ["-last_beat_at"]
+        indexes = [models.Index(fields=["last_beat_at"], name="exclusive_jobs_beat")]
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+
+class JobState(models.Model):
+    """What operators decided about a job: paused or not, when and by whom.
+
+    No row means never paused. The last pause's start and end are kept: the slots
+    between them are not counted as missed.
+    """
+
+    name = JobNameField(_("name"), max_length=255, unique=True)
+    paused = models.BooleanField(_("paused"), default=False)
+    paused_at = models.DateTimeField(_("paused at"), null=True, blank=True)
+    paused_by = models.CharField(_("paused by"), max_length=255, blank=True)
+    resumed_at = models.DateTimeField(_("resumed at"), null=True, blank=True)
+    resumed_by = models.CharField(_("resumed by"), max_length=255, blank=True)
+
+    class Meta:
+        verbose_name = _("job")
+        # "All jobs" sorts first among the app's models on the admin's index.
+        verbose_name_plural = _("all jobs")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return str(self.name)
+
+
+class RunRequest(models.Model):
+    """A run asked for outside the schedule ("run now"): taken by exactly one run."""
+
+    name = JobNameField(_("job"), max_length=255)
+    requested_at = models.DateTimeField(_("asked at"))
+    requested_by = models.CharField(_("asked for by"), max_length=255)
+    taken_at = models.DateTimeField(_("taken at"), null=True, blank=True)
+    taken_by = models.CharField(_("taken by"), max_length=255, blank=True)
+    # No constraint: pruning old runs must stay one DELETE, and may leave this dangling.
+    run = models.ForeignKey(
+        JobRun,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+
+    class Meta:
+        verbose_name = _("run request")
+        verbose_name_plural = _("run requests")
+        ordering = ["id"]
+        indexes = [models.Index(fields=["taken_at"], name="exclusive_jobs_request_taken")]
+
+    def __str__(self) -> str:
+        return f"{self.name} asked by {self.requested_by}"

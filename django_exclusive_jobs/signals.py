@@ -26,3 +26,9 @@ job_skipped = Signal()
 # "succeeded", "failed", "lost" or "interrupted"), duration (float seconds), exception
 # (the exception that ended it, or None).
 job_finished = Signal()
+
+# A scheduled slot passed and no server ran it. Sent once per slot, by the start that
+# noticed it (and recorded it in the history with status "missed").
+# Arguments: sender (job name), name (str), slot (datetime, UTC), noticed_by (str: the
+# holder that noticed, host:pid:instance).
+slot_missed = Signal()

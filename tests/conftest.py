@@ -37,10 +37,12 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
 
 
 def clean_tables(alias: str) -> None:
-    from django_exclusive_jobs.models import JobLock, JobRun
+    from django_tasks_db.models import DBTaskResult
 
-    JobLock.objects.using(alias).all().delete()
-    JobRun.objects.using(alias).all().delete()
+    from django_exclusive_jobs.models import JobLock, JobRun, JobState, RunRequest, Scheduler
+
+    for model in (RunRequest, JobLock, JobRun, Scheduler, JobState, DBTaskResult):
+        model.objects.using(alias).all().delete()
 
 
 @pytest.fixture(params=list(BACKENDS))

@@ -36,8 +36,25 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_exclusive_jobs",
+    "django_tasks_db",
     "tests.testapp",
 ]
+
+# Django's tasks framework: django.tasks from Django 6.0, the django_tasks backport before.
+try:
+    import django.tasks  # noqa: F401
+
+    _TASKS = "django.tasks"
+except ImportError:
+    _TASKS = "django_tasks"
+TASKS = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    "immediate": {"BACKEND": f"{_TASKS}.backends.immediate.ImmediateBackend"},
+}
+# Worker processes of the task tests keep the task table on this alias.
+TASKS_DATABASE = os.environ.get("EXCLUSIVE_JOBS_TEST_TASKS_DB")
+if TASKS_DATABASE:
+    DATABASE_ROUTERS = ["tests.routers.TasksRouter"]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -204,7 +204,7 @@ def test_names_and_errors_are_escaped(superuser_client: Client) -> None:
     pages = [
         superuser_client.get(LOCKS).content.decode(),
         superuser_client.get(RUNS).content.decode(),
-        superuser_client.get(SUMMARY).content.decode(),
+        superuser_client.get(SUMMARY, follow=True).content.decode(),
         superuser_client.get(
             reverse(
                 "admin:django_exclusive_jobs_jobrun_change",
@@ -234,9 +234,9 @@ def test_run_detail_shows_traceback_and_summary_counts_failures(superuser_client
     ).content.decode()
     assert "Traceback (most recent call last)" in detail
     assert "export target full" in detail
-    summary = superuser_client.get(SUMMARY).content.decode()
+    summary = superuser_client.get(SUMMARY, follow=True).content.decode()  # the jobs page
     assert "nightly-export" in summary
     assert "exclusive-jobs-failed" in summary
     runs_page = superuser_client.get(RUNS, {"status": "failed"}).content.decode()
     assert "nightly-export" in runs_page
-    assert "Jobs at a glance" in superuser_client.get(RUNS).content.decode()
+    assert "All jobs" in superuser_client.get(RUNS).content.decode()

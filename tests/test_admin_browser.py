@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,9 +151,9 @@ def test_on_call_engineer_force_releases_a_stale_lock_but_not_a_held_one(
             assert page.locator("pre.exclusive-jobs-traceback b").count() == 0
             shot(page, "admin-run-detail")
 
-            page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobrun/summary/")
-            assert "nightly_export" in page.inner_text("#job-summary")
-            shot(page, "admin-summary")
+            page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+            row = page.locator("#jobs tr.job-row", has_text="nightly_export")
+            assert "failing" in row.inner_text()
         finally:
             context.close()
 
@@ -174,5 +175,100 @@ def test_admin_pages_follow_dark_mode(browser: Any, live_server: Any) -> None:
                 "rgb(255, 255, 255)"
             )
             shot(page, "admin-locks-dark")
+            page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+            assert page.locator("#jobs tr.job-row").count() >= 5
+            shot(page, "admin-jobs-dark")
         finally:
             context.close()
+
+
+def test_on_call_engineer_pauses_resumes_and_runs_a_job_now(
+    browser: Any, live_server: Any, tmp_path: Path
+) -> None:
+    from django.contrib.auth.models import Permission
+
+    from .test_command import command_env, manage, runs
+    from .test_scheduler import start_scheduler, stop
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)
+    for codename in ("view_jobstate", "change_jobstate", "view_jobrun", "view_joblock"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    marker = tmp_path / "marker.txt"
+    env = command_env(marker, TICK_EVERY="1h")
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    jobs_page = f"{live_server.url}/admin/django_exclusive_jobs/jobstate/"
+    schedulers: list[Any] = []
+    try:
+        log_in(page, live_server.url)
+        page.goto(jobs_page)
+        quick = page.locator("#jobs tr[data-job=quick]")
+        quick.locator("a.button", has_text="Pause").click()
+        assert "will skip it" in page.inner_text("#what-happens")
+        shot(page, "admin-jobs-pause-confirmation")
+        page.click("#confirm")
+        assert "Paused quick." in page.locator(".messagelist").inner_text()
+        assert "paused" in page.locator("#jobs tr[data-job=quick]").inner_text()
+
+        skipped = manage("default", "quick", env=env)
+        assert skipped.returncode == 0, skipped.stderr
+        assert "skipped quick: paused by oncall (admin)" in skipped.stdout
+        assert runs(marker, "quick") == 0
+
+        quick = page.locator("#jobs tr[data-job=quick]")
+        quick.locator("a.button", has_text="Resume").click()
+        page.click("#confirm")
+        assert "Resumed quick." in page.locator(".messagelist").inner_text()
+
+        # A scheduler serves the request within seconds (it polls every 5 s).
+        start_scheduler(schedulers, "default", "--exclude", "tick_all", env=env)
+        quick = page.locator("#jobs tr[data-job=quick]")
+        quick.locator("a.button", has_text="Run now").click()
+        page.click("#confirm")
+        assert "Asked for a run of quick" in page.locator(".messagelist").inner_text()
+        deadline = time.monotonic() + 60
+        while runs(marker, "quick") < 1:
+            assert time.monotonic() < deadline, "no scheduler ran the request"
+            time.sleep(0.2)
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobrun/?name=quick")
+        assert page.locator("#result_list tbody tr").count() == 1
+        page.goto(jobs_page)
+        shot(page, "admin-jobs")
+        for process in schedulers:
+            stop(process)
+        assert runs(marker, "quick") == 1  # one request, one run
+    finally:
+        for process in schedulers:
+            if process.poll() is None:
+                process.kill()
+                process.communicate(timeout=30)
+        context.close()
+
+
+def test_a_viewer_sees_no_buttons_and_a_forged_post_is_refused(
+    browser: Any, live_server: Any
+) -> None:
+    from django.contrib.auth.models import Permission
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_jobstate"))
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live_server.url)
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        assert page.locator("#jobs tr.job-row").count() >= 5
+        assert page.locator("#jobs a.button").count() == 0
+        # A forged POST from the page itself, with its CSRF token: still refused.
+        status = page.evaluate(
+            """async () => {
+                const token = document.cookie.match(/csrftoken=([^;]+)/)[1];
+                const body = new URLSearchParams({job: "quick", confirm: "yes"});
+                const answer = await fetch("act/pause/", {method: "POST", body,
+                    headers: {"X-CSRFToken": token}});
+                return answer.status;
+            }"""
+        )
+        assert status == 403
+    finally:
+        context.close()

@@ -380,7 +380,21 @@ def test_list_shows_registered_jobs() -> None:
     result = django_admin("run_exclusive", "--list")
     assert result.returncode == 0
     names = [line.split()[0] for line in result.stdout.splitlines()]
-    assert names == ["async_quick", "broken", "keepalive_probe", "quick", "slow"]
+    assert names == [
+        "async_quick",
+        "broken",
+        "crash",
+        "enqueue_now",
+        "enqueue_tick",
+        "keepalive_probe",
+        "quick",
+        "slow",
+        "spin",
+        "tick",
+        "tick_all",
+        "tick_retry",
+        "tick_skip",
+    ]
 
 
 def test_help_documents_exit_codes() -> None:

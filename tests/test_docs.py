@@ -788,14 +788,118 @@ def test_celery_sample(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run.slot is not None and (run.slot.hour, run.slot.minute) == (2, 30)
 
 
-def test_django_tasks_sample(sqlite: str) -> None:
-    pytest.importorskip("django.tasks", reason="Django's tasks framework needs Django 6.0")
+def test_django_tasks_sample(sqlite: str, django_tasks: None) -> None:
+    """Below @task, the lock is taken by whatever runs the task: here the immediate
+    backend, in this process (the test settings' default backend only stores tasks)."""
     module = load_sample("django_tasks_framework")
-    first = module.hourly_digest.enqueue()
-    second = module.hourly_digest.enqueue()
+    first = module.hourly_digest.using(backend="immediate").enqueue()
+    second = module.hourly_digest.using(backend="immediate").enqueue()
     assert first.return_value == "digest sent"
     assert second.return_value is None
     assert len(runs_of("hourly_digest")) == 1
+
+
+# --- tasks.md: a task enqueued once per slot, run by django-tasks-db's worker ----------
+
+
+@pytest.fixture
+def django_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``django.tasks`` for the samples: Django's own from 6.0, before it the backport
+    (``django_tasks``) under that name, as the page's Django 5.2 section says to use."""
+    try:
+        import django.tasks  # noqa: F401
+    except ImportError:
+        import django_tasks
+        import django_tasks.base
+
+        monkeypatch.setitem(sys.modules, "django.tasks", django_tasks)
+        monkeypatch.setitem(sys.modules, "django.tasks.base", django_tasks.base)
+
+
+def test_tasks_settings_samples() -> None:
+    """The page's settings are the ones the tests run with: django-tasks-db's app, and
+    its backend as the default; on Django 5.2 the backport's app as well."""
+    page = settings_of("tasks_settings", INSTALLED_APPS=["django_exclusive_jobs"])
+    assert page["INSTALLED_APPS"] == ["django_exclusive_jobs", "django_tasks_db"]
+    assert page["TASKS"] == {"default": settings.TASKS["default"]}
+    assert "django_tasks_db" in settings.INSTALLED_APPS
+    backport = settings_of("tasks_settings_backport", INSTALLED_APPS=[])
+    assert backport["INSTALLED_APPS"] == ["django_tasks", "django_tasks_db"]
+    assert all(importlib.util.find_spec(app) for app in backport["INSTALLED_APPS"])
+
+
+def sample_output_pattern(line: str) -> re.Pattern[str]:
+    """A sample output line as a regex: every ``key=value`` stands for any value."""
+    words = (
+        re.escape(word.split("=", 1)[0]) + r"=\S+" if "=" in word else re.escape(word)
+        for word in line.split()
+    )
+    return re.compile(" ".join(words))
+
+
+def test_tasks_job_sample_enqueues_once_per_slot_and_a_worker_runs_it(
+    sqlite: str, django_tasks: None, capsys: Any
+) -> None:
+    """Two starts of one slot enqueue the task once, with its slot; django-tasks-db's
+    worker runs it; the history, the lines and the jobs page say what the page says."""
+    import signal
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+    from django_tasks_db.models import DBTaskResult
+
+    from django_exclusive_jobs import exclusive_job
+    from django_exclusive_jobs.health import overview
+
+    module = load_sample("tasks_job")
+    job = registry.get_job("nightly_signups")
+    assert job is not None and job.task is module.nightly_signups  # the task, unchanged
+    assert hasattr(module.nightly_signups, "enqueue")
+    with pytest.raises(LockConfigurationError, match="every= or cron="):
+        exclusive_job("no_schedule")(module.nightly_signups)
+
+    call_command("run_exclusive", "nightly_signups")
+    call_command("run_exclusive", "nightly_signups")  # the same slot: skipped
+    [run] = runs_of("nightly_signups")
+    assert run.slot is not None and (run.slot.hour, run.slot.minute) == (2, 30)
+    assert (run.status, run.task_backend) == (RunStatus.ENQUEUED, "default")
+    [queued] = DBTaskResult.objects.using(sqlite).all()
+    assert str(queued.id) == run.task_result_id
+    assert queued.args_kwargs == {"args": [], "kwargs": {"slot": run.slot.isoformat()}}
+
+    # The acquired and finished lines have the shape the page shows.
+    lines = capsys.readouterr().out.splitlines()
+    [shown] = [
+        body.splitlines()
+        for info, body in fenced_blocks((DOCS / "tasks.md").read_text())
+        if info == "text" and body.startswith("acquired ")
+    ]
+    assert len(lines) == 3 and lines[2].startswith("skipped nightly_signups: slot ")
+    for line, example in zip(lines[:2], shown, strict=True):
+        assert sample_output_pattern(example).fullmatch(line), (line, example)
+
+    # One user joined in the day before the slot: the worker counts it.
+    get_user_model().objects.create(username="ada", date_joined=run.slot - dt.timedelta(hours=1))
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        call_command("db_worker", "--batch", "--no-startup-delay", "--no-reload", verbosity=0)
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    result = module.nightly_signups.get_result(run.task_result_id)
+    assert (str(result.status), result.return_value) == ("SUCCESSFUL", 1)
+
+    # The jobs page shows the backend's status of the last enqueue; the badge is the job's.
+    [health] = [job for job in overview(using=sqlite).jobs if job.name == "nightly_signups"]
+    assert health.task_status == "SUCCESSFUL" and health.badge == "ok"
+    assert health.as_dict()["last_run"]["task_status"] == "SUCCESSFUL"
+    admin = get_user_model().objects.create_superuser("root", "root@example.com", "x")
+    client = Client()
+    client.force_login(admin)
+    page = client.get(reverse("admin:django_exclusive_jobs_jobstate_changelist"))
+    assert page.status_code == 200
+    assert "task: SUCCESSFUL" in page.content.decode()
 
 
 # --- the README's samples --------------------------------------------------------------
@@ -1181,3 +1285,441 @@ def test_python_samples_pass_ruff() -> None:
             if result.returncode != 0:
                 problems.append(f"{block.where}: {argv[1]}\n{result.stdout}{result.stderr}")
     assert not problems, "\n".join(problems)
+
+
+# --- scheduler.md: the jobs, the health check, the receiver, the lines and exit codes ---
+
+
+def section(page: str, heading: str) -> str:
+    """The text of ``page`` under ``heading`` (a line of its own), up to the next heading
+    of the same or a higher level."""
+    text = (DOCS / page).read_text()
+    level = heading.split(" ", 1)[0]
+    body = text.split(f"\n{heading}\n", 1)[1]
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", body, re.MULTILINE)]
+    return body[: ends[0]] if ends else body
+
+
+def test_scheduler_jobs_sample(sqlite: str) -> None:
+    """The page's jobs: each has a schedule and the policy the page says, and runs."""
+    from django.contrib.auth import get_user_model
+    from django.core.cache import cache
+
+    from django_exclusive_jobs.lock.clock import database_now
+
+    module = load_sample("scheduler_jobs", fetch_exchange_rates=lambda: {"EUR": 1.0})
+    names = ("expire_sessions", "hourly_signups", "refresh_rates")
+    jobs = {name: registry.get_job(name) for name in names}
+    policies = {
+        name: (job.catch_up.policy, job.catch_up.limit)
+        for name, job in jobs.items()
+        if job is not None and job.schedule is not None
+    }
+    assert policies == {
+        "expire_sessions": ("latest", 10),
+        "hourly_signups": ("all", 24),
+        "refresh_rates": ("skip", 10),
+    }
+    # What exclusive_scheduler serves: every job with a schedule.
+    from django_exclusive_jobs.management.commands.exclusive_scheduler import Command
+
+    assert {job.name for job in Command()._jobs(list(names), None)} == set(names)
+
+    assert module.expire_sessions() is None
+    assert [run.status for run in runs_of("expire_sessions")] == [RunStatus.SUCCEEDED]
+
+    users = get_user_model().objects
+    now = database_now(sqlite)
+    made = [
+        users.create(username=f"docs_{minutes}", date_joined=now - dt.timedelta(minutes=minutes))
+        for minutes in (10, 30, 70, 90, 150)
+    ]
+    try:
+        counted = module.hourly_signups()  # called as the scheduler does: slot is given
+        [run] = runs_of("hourly_signups")
+        assert run.slot is not None
+        since = run.slot - dt.timedelta(hours=1)
+        # Users other tests left in that hour count too.
+        others = users.exclude(pk__in=[user.pk for user in made])
+        before = others.filter(date_joined__gte=since, date_joined__lt=run.slot).count()
+        assert counted == before + sum(since <= user.date_joined < run.slot for user in made)
+    finally:
+        users.filter(pk__in=[user.pk for user in made]).delete()
+
+    # "skip": a start more than the slot tolerance (30 s) after its slot runs nothing.
+    cache.delete("exchange_rates")
+    every_5m = make_schedule(every="5m")
+    assert every_5m is not None
+    started = database_now(sqlite)
+    current = every_5m.slot_at(started)
+    late = started - current > dt.timedelta(seconds=31)
+    # Not its first run (a first run has nothing before it to account for): it ran before.
+    JobRun.objects.using(sqlite).create(
+        name="refresh_rates",
+        slot=current - dt.timedelta(minutes=5),
+        status=RunStatus.SUCCEEDED,
+        started_at=started,
+    )
+    module.refresh_rates()
+    [run] = [run for run in runs_of("refresh_rates") if run.slot == current]
+    ran = (RunStatus.SUCCEEDED, {"EUR": 1.0})
+    assert (run.status, cache.get("exchange_rates")) in [(RunStatus.MISSED, None), ran]
+    if late:
+        assert run.status == RunStatus.MISSED
+
+
+def test_scheduler_health_sample(sqlite: str) -> None:
+    from django.test import RequestFactory
+
+    from django_exclusive_jobs.run.heartbeat import Heartbeat
+
+    module = load_sample("scheduler_health")
+    request = RequestFactory().get("/health/schedulers/")
+    assert module.schedulers(request).status_code == 503  # none yet
+    beat = Heartbeat(sqlite, ["hourly_signups"])
+    beat.beat()
+    response = module.schedulers(request)
+    assert response.status_code == 200
+    [alive] = json.loads(response.content)["alive"]
+    assert alive["jobs"] == ["hourly_signups"] and alive["host"] and alive["pid"]
+    beat.stopped()  # a clean exit
+    assert module.schedulers(request).status_code == 503
+
+
+def test_scheduler_slot_missed_sample(sqlite: str, caplog: pytest.LogCaptureFixture) -> None:
+    from django_exclusive_jobs import exclusive_job
+    from django_exclusive_jobs.lock.clock import database_now
+
+    load_sample("scheduler_slot_missed")
+    try:
+
+        @exclusive_job("docs_missed", every="1h", keepalive=False)
+        def hourly() -> str:
+            return "ran"
+
+        schedule = make_schedule(every="1h")
+        assert schedule is not None
+        current = schedule.slot_at(database_now(sqlite))
+        before = current - dt.timedelta(hours=3)
+        JobRun.objects.using(sqlite).create(
+            name="docs_missed", slot=before, status=RunStatus.SUCCEEDED, started_at=before
+        )
+        caplog.set_level(logging.WARNING, logger="ops.alerts")
+        assert hourly() == "ran"  # the latest slot runs; the two before it were missed
+        alerts = [r.getMessage() for r in caplog.records if r.name == "ops.alerts"]
+        assert len(alerts) == 2
+        assert all(line.startswith("job docs_missed: slot ") for line in alerts)
+        assert all("missed (noticed by " in line for line in alerts)
+    finally:
+        signals.slot_missed.disconnect(dispatch_uid="ops_slot_missed")
+
+
+def test_exclusive_scheduler_exit_codes_match_the_docs() -> None:
+    """The exit codes of the reference and the scheduler page are the command's --help."""
+    from django_exclusive_jobs.management.commands.exclusive_scheduler import EPILOG
+
+    codes = re.findall(r"^  (\d+) ", EPILOG, re.MULTILINE)
+    assert codes == ["0", "2"]
+    reference = section("reference/commands.md", "## `exclusive_scheduler`")
+    page = section("scheduler.md", "## Options and exit codes")
+    for text in (reference, page):
+        assert re.findall(r"^\| (\d+) \|", text, re.MULTILINE) == codes
+    # Both list every option of the command (but Django's own).
+    own = {"jobs", "exclude", "database", "max_concurrent", "grace"}
+    options = {
+        option
+        for action in parser_of("exclusive_scheduler")._actions
+        for option in action.option_strings
+        if option.startswith("--") and action.dest in own
+    }
+    assert len(options) == len(own)
+    for text in (reference, page):
+        assert set(re.findall(r"^\| `(--[a-z-]+)", text, re.MULTILINE)) == options
+
+
+def test_missed_slot_lines_are_documented(sqlite: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A late start under catch_up="skip" prints both documented lines, and no other."""
+    from django_exclusive_jobs import exclusive_job
+    from django_exclusive_jobs.lock.clock import database_now
+
+    # No tolerance: a start is on time only at the very instant of its slot.
+    @exclusive_job("docs_late", every="1d", slot_tolerance=0, catch_up="skip", keepalive=False)
+    def daily() -> None:
+        raise AssertionError("a late start under catch_up='skip' runs nothing")
+
+    schedule = make_schedule(every="1d", tolerance=0)
+    assert schedule is not None
+    before = schedule.slot_at(database_now(sqlite)) - dt.timedelta(days=3)
+    JobRun.objects.using(sqlite).create(
+        name="docs_late", slot=before, status=RunStatus.SUCCEEDED, started_at=before
+    )
+    caplog.set_level(logging.INFO, logger="django_exclusive_jobs")
+    call_command("run_exclusive", "docs_late", verbosity=0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "django_exclusive_jobs"]
+    assert_lines_match(lines, documented_block("reference/commands.md", "missed NAME"))
+    assert lines[0].startswith("missed docs_late: 3 slot(s) no server ran, ")
+    statuses = [run.status for run in JobRun.objects.using(sqlite).filter(name="docs_late")]
+    assert sorted(statuses) == ["missed"] * 3 + ["succeeded"]
+
+
+def test_exclusive_scheduler_prints_the_documented_lines(sqlite: str, tmp_path: Path) -> None:
+    """A scheduler that runs a job and is stopped in the middle of it prints documented
+    lines only, on standard output and standard error."""
+    import signal
+
+    from .test_command import command_env, wait_for
+
+    env = command_env(tmp_path / "marker.txt", TICK_EVERY="1s", JOB_SECONDS="60")
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "django", "exclusive_scheduler", "--jobs", "tick"),
+            *("--database", sqlite, "--grace", "0", "--verbosity", "2"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: JobRun.objects.using(sqlite).filter(name="tick").exists(), timeout=60)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    patterns = [
+        output_pattern(line)
+        for first in ("scheduler started", "acquired NAME", "missed NAME")
+        for line in documented_block("reference/commands.md", first)
+    ]
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    for line in lines:
+        assert any(p.fullmatch(line) for p in patterns), f"undocumented output: {line!r}"
+    assert out.splitlines()[0].startswith("scheduler started: 1 job(s), max 10 at once; ")
+    assert out.splitlines()[-1] == "scheduler stopped"
+    said = "\n".join(lines)
+    assert "\nacquired tick token=" in said
+    assert "\nstopping: waiting up to 0s for 1 running job(s): tick\n" in said
+    assert "\nfinished tick status=interrupted " in said
+
+
+# --- operations.md: the jobs page, exclusive_jobs, the health view, the alert recipes ---
+
+
+def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
+    """The reference lists the exit codes of exclusive_jobs --help, and every option."""
+    from django_exclusive_jobs.management.commands.exclusive_jobs import EPILOG
+
+    codes = re.findall(r"(\d) [a-z-]", EPILOG.split("exit codes:", 1)[1])
+    assert codes == ["0", "1", "2", "3", "4"]
+    reference = section("reference/commands.md", "## `exclusive_jobs`")
+    assert re.findall(r"^\| (\d+) \|", reference, re.MULTILINE) == codes
+    own = {"json", "check", "database", "by"}
+    options = {
+        option
+        for action in parser_of("exclusive_jobs")._actions
+        for option in action.option_strings
+        if option.startswith("--") and action.dest in own
+    }
+    assert len(options) == len(own)
+    assert set(re.findall(r"^\| `(--[a-z-]+)", reference, re.MULTILINE)) == options
+    actions = {
+        choice
+        for action in parser_of("exclusive_jobs")._actions
+        if not action.option_strings and action.choices
+        for choice in action.choices
+    }
+    assert set(re.findall(r"^\| `([a-z]+)[ `]", reference, re.MULTILINE)) == actions
+
+
+def test_exclusive_jobs_prints_the_documented_lines(sqlite: str) -> None:
+    """--check prints one documented line per kind of problem; pause and resume too; the
+    table's header is the one operations.md shows."""
+    from django_exclusive_jobs import exclusive_job
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.models import Scheduler
+
+    def run(*args: str) -> tuple[int, list[str]]:
+        out = StringIO()
+        try:
+            call_command("exclusive_jobs", *args, "--database", sqlite, stdout=out)
+        except SystemExit as exc:
+            return int(exc.code or 0), out.getvalue().splitlines()
+        return 0, out.getvalue().splitlines()
+
+    code, clean = run("--check")
+    assert code == 0 and clean[0].startswith("ok: ")
+
+    now = database_now(sqlite)
+    hour = dt.timedelta(hours=1)
+    for name in ("docs_overdue", "docs_noticed"):
+        exclusive_job(name, every="1h")(lambda: None)
+    exclusive_job("docs_long")(lambda: None)
+    every_hour = make_schedule(every="1h")
+    assert every_hour is not None
+    current = every_hour.slot_at(now)
+    runs = JobRun.objects.using(sqlite)
+    # failing: its last run failed.
+    JobLock.objects.using(sqlite).create(name="broken", token=1)
+    runs.create(name="broken", status=RunStatus.FAILED, started_at=now, finished_at=now)
+    # stale lock: a holder that never released it.
+    hold_in_other_thread("slow")
+    expire_now(sqlite, "slow")
+    # missed, before anyone notices: the slot two hours back ran, none since.
+    JobLock.objects.using(sqlite).create(name="docs_overdue", token=1)
+    runs.create(name="docs_overdue", slot=current - 2 * hour, status="succeeded", started_at=now)
+    # missed, as a start recorded it: the current slot's row says so.
+    JobLock.objects.using(sqlite).create(name="docs_noticed", token=1)
+    runs.create(name="docs_noticed", slot=current, status=RunStatus.MISSED, started_at=now)
+    # running long: an hour into a run whose median is one second.
+    long = hold_in_other_thread("docs_long")
+    runs.create(name="docs_long", status="running", token=long.token, started_at=now - hour)
+    for _ in range(3):
+        runs.create(name="docs_long", status="succeeded", started_at=now - hour, duration=1.0)
+    # no scheduler alive: the one that served "tick" stopped beating.
+    Scheduler.objects.using(sqlite).create(
+        instance="gone",
+        host="web-1",
+        pid=1,
+        jobs=["tick"],
+        started_at=now - hour,
+        last_beat_at=now - hour,
+    )
+
+    code, problems = run("--check")
+    assert code == 1
+    assert_lines_match(clean + problems, documented_block("reference/commands.md", "ok: N"))
+
+    # pause and resume print the documented lines; a paused job's start says who paused it.
+    lines = [*run("pause", "quick", "--by", "alice")[1], *run("resume", "quick")[1]]
+    assert_lines_match(lines, documented_block("reference/commands.md", "paused NAME"))
+
+    # The table's header is the one operations.md shows.
+    operations = (DOCS / "operations.md").read_text()
+    [example] = [body for _info, body in fenced_blocks(operations) if body.startswith("JOB ")]
+    assert run()[1][0].split() == example.splitlines()[0].split()
+    long.release()
+
+
+def test_paused_skip_line_is_the_documented_one(sqlite: str, capsys: Any) -> None:
+    from django_exclusive_jobs.run import control
+
+    control.pause("quick", by="alice (admin)", using=sqlite)
+    call_command("run_exclusive", "quick")
+    [line] = capsys.readouterr().out.splitlines()
+    operations = (DOCS / "operations.md").read_text()
+    [example] = [
+        body.strip()
+        for _info, body in fenced_blocks(operations)
+        if body.strip().startswith("skipped nightly_export: paused by ")
+    ]
+    pattern = re.escape(example).replace("nightly_export", "quick")
+    pattern = re.sub(r"2026\\-11\\-24T09:12:03\\\+00:00", r"\\S+", pattern)
+    assert re.fullmatch(pattern, line), (line, example)
+
+
+def test_health_view_samples(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The URL and settings samples route the view; it answers the token as documented,
+    with the documented fields."""
+    from django.test import Client
+
+    from django_exclusive_jobs.lock.clock import database_now
+
+    monkeypatch.setenv("JOBS_HEALTH_TOKEN", "s3cret-from-the-environment")
+    jobs_settings = settings_of("health_token")["EXCLUSIVE_JOBS"]
+    assert jobs_settings == {"HEALTH_TOKEN": "s3cret-from-the-environment"}
+    monkeypatch.delenv("JOBS_HEALTH_TOKEN")
+    assert settings_of("health_token")["EXCLUSIVE_JOBS"] == {"HEALTH_TOKEN": None}
+
+    module = load_sample("health_urls")
+    bearer = {"Authorization": "Bearer s3cret-from-the-environment"}
+    with override_settings(ROOT_URLCONF=module.__name__, EXCLUSIVE_JOBS=jobs_settings):
+        client = Client()
+        assert client.get("/jobs/health/").status_code == 403
+        assert client.get("/jobs/health/").json() == {"error": "forbidden"}
+        assert client.get("/jobs/health/", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+        fine = client.get("/jobs/health/", headers=bearer)
+        assert fine.status_code == 200 and fine.json()["ok"] is True
+        now = database_now(sqlite)
+        JobLock.objects.using(sqlite).create(name="broken", token=1)
+        JobRun.objects.using(sqlite).create(
+            name="broken", status=RunStatus.FAILED, started_at=now, finished_at=now
+        )
+        answer = client.get("/jobs/health/", headers=bearer)
+    assert answer.status_code == 503
+    body = answer.json()
+    assert body["ok"] is False and body["problems"][0].startswith("broken: failing: ")
+    assert "no-cache" in answer["Cache-Control"]
+
+    # The fields operations.md shows are the ones the view returns.
+    operations = (DOCS / "operations.md").read_text()
+    [example] = [json.loads(body) for info, body in fenced_blocks(operations) if info == "json"]
+    assert list(example) == list(body)
+    [broken] = [job for job in body["jobs"] if job["name"] == "broken"]
+    [shown] = example["jobs"]
+    assert list(shown) == list(broken)
+    assert set(shown["last_run"]) <= set(broken["last_run"])
+    assert shown["health"] == broken["health"] == "failing"
+
+
+# Django 6.1 warns that a project without MAILERS relies on default mailers: a matter of
+# the project's settings, not of the recipe.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::PendingDeprecationWarning")
+def test_alerts_mail_sample(sqlite: str, mailoutbox: list[Any]) -> None:
+    """The e-mail recipe mails the ADMINS once per failed run and once per missed slot."""
+    from django_exclusive_jobs import exclusive_job
+    from django_exclusive_jobs.lock.clock import database_now
+
+    load_sample("alerts_mail")
+    try:
+
+        @exclusive_job("docs_mail_failing")
+        def failing() -> None:
+            raise RuntimeError("the report server said no")
+
+        @exclusive_job("docs_mail_hourly", every="1h", keepalive=False)
+        def hourly() -> str:
+            return "ran"
+
+        import django
+
+        # Django 6.0 takes plain addresses (and deprecates the (name, address) pairs).
+        admins: list[Any] = ["ops@example.com"]
+        if django.VERSION < (6, 0):
+            admins = [("Ops", "ops@example.com")]
+        with override_settings(ADMINS=admins):
+            with pytest.raises(RuntimeError):
+                failing()
+            [mail] = mailoutbox
+            assert mail.subject.endswith("Job docs_mail_failing failed")
+            assert "the report server said no" in mail.body
+            assert mail.to == ["ops@example.com"]
+
+            schedule = make_schedule(every="1h")
+            assert schedule is not None
+            before = schedule.slot_at(database_now(sqlite)) - dt.timedelta(hours=3)
+            JobRun.objects.using(sqlite).create(
+                name="docs_mail_hourly", slot=before, status=RunStatus.SUCCEEDED, started_at=before
+            )
+            assert hourly() == "ran"  # the latest slot runs; the two before it were missed
+        missed = [mail.subject for mail in mailoutbox[1:]]
+        assert len(missed) == 2
+        assert all("Job docs_mail_hourly: slot " in subject for subject in missed)
+        assert all(subject.endswith(" UTC missed") for subject in missed)
+    finally:
+        signals.job_finished.disconnect(dispatch_uid="mail_job_finished")
+        signals.slot_missed.disconnect(dispatch_uid="mail_slot_missed")
+
+
+def test_operations_page_shows_the_jobs_screenshots() -> None:
+    """The jobs page's screenshots are on the page and in the repository; the old summary
+    page's are gone."""
+    page = (DOCS / "operations.md").read_text()
+    for name in ("admin-jobs", "admin-jobs-dark", "admin-jobs-pause-confirmation"):
+        assert f"_static/screenshots/{name}.png)" in page
+        assert (DOCS / "_static" / "screenshots" / f"{name}.png").exists()
+    for path in PAGES:
+        assert "admin-summary" not in path.read_text(), where(path)

@@ -389,7 +389,7 @@ def test_paused_holder_learns_it_lost_at_next_renewal_and_fencing_refuses_its_to
         assert f"lock lost: paused token={first.token} " in err
         assert (
             "could not renew before the lease ran out: no renewal got through" in err
-            or "the lease ran out or the lock was cleared or taken over" in err
+            or "the lease ran out or the lock was force-released or taken over" in err
         ), err
         assert "status=lost" in err
         with pytest.raises(ProcessLookupError):

@@ -1,4 +1,6 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from django_exclusive_jobs.views import health
+
+urlpatterns = [path("admin/", admin.site.urls), path("jobs/health", health)]

@@ -7,6 +7,7 @@ expiry is written and compared in SQL against it, never against ``timezone.now()
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 from django.conf import settings
@@ -95,3 +96,41 @@ def database_now(using: str) -> dt.datetime:
     if settings.USE_TZ and now.tzinfo is None:
         now = now.replace(tzinfo=dt.UTC)
     return now
+
+
+class DatabaseClock:
+    """The database's time, read once and then followed on this machine's monotonic clock.
+
+    For a long-running process that must act at instants of database time (the
+    scheduler): one query per :meth:`sync`, none per :meth:`now`. Call :meth:`sync`
+    again now and then; the local clock's rate drifts a little, its offset does not
+    matter (a server an hour off is as good as one that is right).
+    """
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._base: dt.datetime | None = None  # database time at monotonic() == 0
+        self.offset = 0.0  # database time minus this server's wall clock, in seconds
+        self.synced_at = float("-inf")  # monotonic time of the last sync
+
+    def sync(self) -> None:
+        """Read the database's time (one query) and follow it from here."""
+        before = time.monotonic()
+        wall = time.time()
+        now = database_now(self.using)
+        after = time.monotonic()
+        middle = (before + after) / 2
+        self._base = now - dt.timedelta(seconds=middle)
+        self.offset = now.timestamp() - (wall + (after - before) / 2)
+        self.synced_at = after
+
+    def now(self) -> dt.datetime:
+        """The database's current time, without a query (after the first :meth:`sync`)."""
+        if self._base is None:
+            self.sync()
+        assert self._base is not None
+        return self._base + dt.timedelta(seconds=time.monotonic())
+
+    def seconds_until(self, moment: dt.datetime) -> float:
+        """How long until ``moment`` on database time (negative once it has passed)."""
+        return (moment - self.now()).total_seconds()

@@ -124,6 +124,11 @@ def _explained(alias: str, exc: BaseException) -> JobLockError:
     """The error to raise for a statement whose connection failed for good."""
     if table_missing(alias):
         return _table_missing_error(alias)
+    if migrations_missing(alias):  # a column of a newer version, say
+        return LockConfigurationError(
+            f"Database {alias!r} lacks migrations of django_exclusive_jobs: run "
+            f"'manage.py migrate django_exclusive_jobs'. ({one_line(exc)})"
+        )
     return LockDatabaseError(
         f"Database {alias!r} did not answer the lock statement: {one_line(exc)}"
     )
@@ -136,12 +141,26 @@ def _table_missing_error(alias: str) -> LockConfigurationError:
     )
 
 
+def migrations_missing(alias: str) -> bool:
+    """Whether a migration of this app is not applied on ``alias`` (the error path only)."""
+    from django.db.migrations.loader import MigrationLoader
+
+    try:
+        loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+    except DatabaseError:
+        return False
+    ours = {key for key in loader.disk_migrations if key[0] == "django_exclusive_jobs"}
+    return not ours <= set(loader.applied_migrations)
+
+
 def table_missing(alias: str) -> bool:
-    from ..models import JobLock
+    """Whether one of this app's tables is missing (its migrations are not all applied)."""
+    from django.apps import apps
 
     try:
         with connections[alias].cursor() as cursor:
             tables = connections[alias].introspection.table_names(cursor)
     except DatabaseError:
         return False
-    return JobLock._meta.db_table not in tables
+    models = apps.get_app_config("django_exclusive_jobs").get_models()
+    return any(model._meta.db_table not in tables for model in models)

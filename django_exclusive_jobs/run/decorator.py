@@ -12,10 +12,12 @@ from ..conf import app_settings
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.validation import validate_name, validate_timing
+from .catchup import make_catch_up
 from .registry import Job, register
 from .runner import JobRunner, RunResult
 from .schedules import make_schedule
 from .status import RunStatus
+from .tasks import enqueuer, is_task
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,6 +41,9 @@ def exclusive_job(
     timezone: str | None = None,
     slot_tolerance: DurationLike | None = None,
     retry_failed: bool = False,
+    catch_up: str = "latest",
+    catch_up_limit: int = 10,
+    catch_up_window: DurationLike | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -56,6 +61,9 @@ def exclusive_job(
     timezone: str | None = None,
     slot_tolerance: DurationLike | None = None,
     retry_failed: bool = False,
+    catch_up: str = "latest",
+    catch_up_limit: int = 10,
+    catch_up_window: DurationLike | None = None,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
 
@@ -69,7 +77,11 @@ def exclusive_job(
     late finds the slot taken and skips, even after the first run released the lock.
     ``retry_failed=True`` lets a later start retry a slot whose run failed, was
     interrupted or lost its lock (a crashed server's run is marked lost once another
-    server takes the lock over).
+    server takes the lock over). Slots no server ran are recorded ``missed``;
+    ``catch_up`` says what a late start runs: ``"latest"`` (the most recent missed slot,
+    once), ``"skip"`` (nothing: wait for the next slot) or ``"all"`` (each missed slot in
+    order, at most ``catch_up_limit``, none older than ``catch_up_window``). A function
+    with a ``slot`` parameter is given the slot (a UTC datetime) it serves.
 
     The other arguments: ``ttl`` (lease length; default ``EXCLUSIVE_JOBS["TTL"]``),
     ``min_hold`` (keep the lock closed until this long after the start, for jobs
@@ -88,17 +100,47 @@ def exclusive_job(
     schedule = make_schedule(every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance)
     if retry_failed and schedule is None:
         raise LockConfigurationError("retry_failed only applies with every= or cron=.")
+    changed = (catch_up, catch_up_limit, catch_up_window) != ("latest", 10, None)
+    if changed and schedule is None:
+        raise LockConfigurationError("catch_up only applies with every= or cron=.")
+    policy = make_catch_up(catch_up, catch_up_limit, catch_up_window)
+
+    def make_job(func: Callable[..., Any], task: Any = None) -> Job:
+        """The job ``func`` runs as, named ``name`` or ``module.qualname``."""
+        job_name = validate_name(name or f"{func.__module__}.{func.__qualname__}")
+        return Job(
+            job_name,
+            func,
+            ttl,
+            min_hold,
+            wait,
+            using,
+            on_held,
+            keepalive,
+            schedule,
+            retry_failed,
+            policy,
+            task=task,
+        )
 
     def decorate(func: F) -> F:
-        job_name = validate_name(name or f"{func.__module__}.{func.__qualname__}")
-        job = Job(
-            job_name, func, ttl, min_hold, wait, using, on_held, keepalive, schedule, retry_failed
-        )
+        if is_task(func):
+            return _schedule_task(func)
+        job = make_job(func)
         register(job)
 
         wrapper = _async_wrapper(job) if job.is_async else _sync_wrapper(job)
         wrapper.job = job  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
+
+    def _schedule_task(task: F) -> F:
+        """A django.tasks Task: its job enqueues it; the Task itself is returned as is."""
+        if schedule is None:
+            raise LockConfigurationError(
+                "A django.tasks Task needs every= or cron=: its job enqueues it at each slot."
+            )
+        register(make_job(enqueuer(task), task=task))
+        return task
 
     return decorate
 
@@ -106,7 +148,8 @@ def exclusive_job(
 def _sync_wrapper(job: Job) -> Callable[..., Any]:
     @functools.wraps(job.func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = runner_for(job).run(lambda lock: job.func(*args, **kwargs))
+        runner = runner_for(job)
+        result = runner.run(lambda lock: job.func(*args, **_with_slot(job, runner, kwargs)))
         if result.status == RunStatus.SKIPPED:
             return _after_skip(job, result)
         return _returned(result)
@@ -129,7 +172,7 @@ def _async_wrapper(job: Job) -> Callable[..., Any]:
         result = runner.begin(started)
         try:
             runner.ensure_lease_left(started)
-            result.value = await job.func(*args, **kwargs)
+            result.value = await job.func(*args, **_with_slot(job, runner, kwargs))
         except BaseException as exc:
             runner.record(result, exc)
         await finish(runner, result)
@@ -147,9 +190,17 @@ def runner_for(job: Job, **overrides: Any) -> JobRunner:
         "keepalive": app_settings.KEEPALIVE if job.keepalive is None else job.keepalive,
         "schedule": job.schedule,
         "retry_failed": job.retry_failed,
+        "catch_up": job.catch_up,
     }
     settings.update({key: value for key, value in overrides.items() if value is not None})
     return JobRunner(job.name, **settings)
+
+
+def _with_slot(job: Job, runner: JobRunner, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The caller's keyword arguments, plus ``slot`` if the function wants it."""
+    if job.wants_slot and "slot" not in kwargs:
+        return {**kwargs, "slot": runner.slot}
+    return kwargs
 
 
 def _after_skip(job: Job, result: RunResult) -> None:

@@ -10,20 +10,25 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import traceback
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError
 from django.db.models import F
 
 from ..lock.clock import DatabaseNow
-from ..lock.errors import JobLockError
+from ..lock.errors import JobLockError, LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
+from . import catchup
+from .catchup import CatchUp
+from .schedules import Schedule
 from .status import RunStatus
+from .tasks import Enqueued
 
 if TYPE_CHECKING:
-    from ..models import JobRun, JobRunQuerySet
+    from ..models import JobRun, JobRunQuerySet, RunRequest
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -37,14 +42,80 @@ def _runs(alias: str) -> JobRunQuerySet:
     return JobRun.objects.using(alias)
 
 
-def claim(lock: Lock, name: str, slot: dt.datetime | None, *, retry_failed: bool) -> JobRun:
-    """This run's row, or another run that already has ``slot`` (:func:`is_ours` tells).
+@dataclass
+class Claim:
+    """What :func:`claim` found: a run row (ours or another's), its slot, missed slots."""
+
+    run: JobRun | None  # None: nothing runs now; ``why`` says why
+    slot: dt.datetime | None = None
+    missed: list[dt.datetime] = field(default_factory=list)
+    more: bool = False  # more missed slots to run after this one (catch_up="all")
+    why: str = ""
+
+
+def claim(
+    lock: Lock,
+    name: str,
+    *,
+    schedule: Schedule | None = None,
+    catch_up: CatchUp | None = None,
+    retry_failed: bool = False,
+    request: RunRequest | None = None,
+    requested_by: str = "",
+) -> Claim:
+    """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
     First closes the job's runs abandoned by earlier holders (:func:`close_abandoned`).
+    With a schedule, the slot comes from the lock's acquisition time on database time,
+    and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
     """
-    runs = _runs(lock.using)
     close_abandoned(lock, name)
-    ours: dict[str, Any] = {
+    if request is not None:  # run now: paused or not, outside the schedule
+        return _take_request(lock, name, request)
+    if requested_by:  # run now, here: paused or not, outside the schedule
+        return Claim(_insert(lock, name, None, requested_by=requested_by))
+    state = run_statement(lock.using, lambda: _states(lock.using).filter(name=name).first())
+    if state is not None and state.paused:
+        when = state.paused_at.isoformat(timespec="seconds") if state.paused_at else "?"
+        return Claim(None, why=f"paused by {state.paused_by or '?'} since {when}")
+    if schedule is None:
+        return Claim(_insert(lock, name, None))
+    if lock.acquired_at is None:
+        raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
+    current = schedule.slot_at(lock.acquired_at)
+    runs = _runs(lock.using)
+    # One indexed look-up: the current slot's row if any, else the newest before it.
+    latest = run_statement(
+        lock.using,
+        lambda: runs.filter(name=name, slot__lte=current).order_by("-slot").first(),
+    )
+    if latest is not None and latest.slot == current:
+        if retry_failed and latest.status in RunStatus.unsuccessful():
+            return Claim(_retry(lock, latest), current)
+        return Claim(latest, current)
+    quiet = None
+    if state is not None and state.paused_at and state.resumed_at:
+        quiet = (state.paused_at, state.resumed_at)  # the last pause: not missed
+    plan = catchup.plan(
+        schedule,
+        catch_up or CatchUp(),
+        lock.acquired_at,
+        latest.slot if latest else None,
+        paused=quiet,
+    )
+    record_missed(lock, name, plan.missed)
+    if plan.run is None:
+        late = plan.missed[-1].isoformat() if plan.missed else "?"
+        policy = (catch_up or CatchUp()).policy
+        why = f"slot {late} started too late (catch_up={policy}): recorded missed"
+        if not plan.missed:
+            why = "its slot fell in its last pause"
+        return Claim(None, None, plan.missed, why=why)
+    return Claim(_insert(lock, name, plan.run), plan.run, plan.missed, plan.more)
+
+
+def _ours(lock: Lock) -> dict[str, Any]:
+    return {
         "status": RunStatus.RUNNING,
         "host": process.host,
         "pid": process.pid,
@@ -52,18 +123,77 @@ def claim(lock: Lock, name: str, slot: dt.datetime | None, *, retry_failed: bool
         "token": lock.token,
         "started_at": DatabaseNow(),
     }
-    if slot is not None:
-        existing = run_statement(lock.using, lambda: runs.filter(name=name, slot=slot).first())
-        if existing is not None:
-            if retry_failed and existing.status in RunStatus.unsuccessful():
-                return _retry(lock, existing, ours)
-            return existing
+
+
+def _states(alias: str) -> Any:
+    from ..models import JobState
+
+    return JobState.objects.using(alias)
+
+
+def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
+    """Mark ``request`` taken by this run, unless another run took it first."""
+    from ..models import RunRequest
+
+    requests = RunRequest.objects.using(lock.using).filter(pk=request.pk)
+    taken = run_statement(
+        lock.using,
+        lambda: requests.filter(taken_at__isnull=True).update(
+            taken_at=DatabaseNow(), taken_by=lock.holder
+        ),
+    )
+    if not taken:
+        return Claim(None, why=f"run request {request.pk} was taken by another run")
+    run = _insert(lock, name, None, requested_by=request.requested_by)
+    run_statement(lock.using, lambda: requests.update(run=run))
+    return Claim(run)
+
+
+def _insert(lock: Lock, name: str, slot: dt.datetime | None, *, requested_by: str = "") -> JobRun:
+    runs = _runs(lock.using)
     try:
-        return run_statement(lock.using, lambda: runs.create(name=name, slot=slot, **ours))
+        return run_statement(
+            lock.using,
+            lambda: runs.create(name=name, slot=slot, requested_by=requested_by, **_ours(lock)),
+        )
     except IntegrityError:
         # A retried insert whose first try committed, or a holder that lost its lease.
-        found: JobRun = runs.get(name=name, slot=slot)
+        found: JobRun = run_statement(lock.using, lambda: runs.get(name=name, slot=slot))
         return found
+
+
+def record_missed(lock: Lock, name: str, slots: list[dt.datetime]) -> None:
+    """One ``missed`` row per slot, written by the start that noticed them.
+
+    Only the lock's holder writes them, so no other start records the same slots; a
+    conflict (a run with another schedule) is ignored, never raised.
+    """
+    if not slots:
+        return
+    from ..models import JobRun
+
+    noticed = lock.acquired_at  # database time
+    assert noticed is not None
+    why = (
+        f"No server ran this slot before {lock.holder} started the job at "
+        f"{noticed.isoformat(timespec='seconds')}."
+    )
+    rows = [
+        JobRun(
+            name=name,
+            slot=slot,
+            status=RunStatus.MISSED,
+            host=process.host,
+            pid=process.pid,
+            instance=process.instance,
+            token=lock.token,
+            started_at=noticed,
+            finished_at=noticed,
+            error=why,
+        )
+        for slot in slots
+    ]
+    run_statement(lock.using, lambda: _runs(lock.using).bulk_create(rows, ignore_conflicts=True))
 
 
 def is_ours(run: JobRun, lock: Lock) -> bool:
@@ -75,7 +205,7 @@ def is_ours(run: JobRun, lock: Lock) -> bool:
     )
 
 
-def _retry(lock: Lock, existing: JobRun, ours: dict[str, Any]) -> JobRun:
+def _retry(lock: Lock, existing: JobRun) -> JobRun:
     """Take over a failed slot's row for this run (``retry_failed``)."""
     retryable = RunStatus.unsuccessful()
     run_statement(
@@ -90,7 +220,7 @@ def _retry(lock: Lock, existing: JobRun, ours: dict[str, Any]) -> JobRun:
                 error_type="",
                 error="",
                 returncode=None,
-                **ours,
+                **_ours(lock),
             )
         ),
     )
@@ -136,15 +266,18 @@ def record_end(
     duration: float,
     exception: BaseException | None,
     returncode: int | None,
+    enqueued: Enqueued | None = None,
 ) -> None:
     """Write how the run ended; an error is logged, never raised (the lock is released)."""
     values = {
         "status": status,
         "finished_at": DatabaseNow(),
         "duration": duration,
-        "error_type": type(exception).__qualname__[:255] if exception is not None else "",
+        "error_type": error_type(exception)[:255] if exception is not None else "",
         "error": bounded_traceback(exception) if exception is not None else "",
         "returncode": returncode,
+        "task_result_id": enqueued.result_id if enqueued else "",
+        "task_backend": enqueued.backend if enqueued else "",
     }
     rows = _runs(lock.using).filter(pk=run_id, token=lock.token)
     try:
@@ -153,9 +286,16 @@ def record_end(
         logger.exception("could not record the end of run %s of %s", run_id, lock.name)
 
 
+def error_type(exc: BaseException) -> str:
+    """The exception's class name (for a job run in a child process: the child's)."""
+    return getattr(exc, "error_type", None) or type(exc).__qualname__
+
+
 def bounded_traceback(exc: BaseException) -> str:
     """The exception and its traceback, cut in the middle if longer than the limit."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = getattr(exc, "traceback_text", None) or "".join(
+        traceback.format_exception(type(exc), exc, exc.__traceback__)
+    )
     if len(text) <= TRACEBACK_LIMIT:
         return text
     head = TRACEBACK_LIMIT // 4

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import autodiscover_modules
 
 from ..lock.durations import DurationLike
+from .catchup import CatchUp
 from .schedules import Schedule
 
 
@@ -28,6 +30,8 @@ class Job:
     keepalive: bool | None = None
     schedule: Schedule | None = None
     retry_failed: bool = False
+    catch_up: CatchUp = field(default_factory=CatchUp)
+    task: Any = None  # a django.tasks Task this job enqueues at each slot
 
     @property
     def target(self) -> str:
@@ -36,6 +40,20 @@ class Job:
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.func)
+
+    @property
+    def wants_slot(self) -> bool:
+        """The function takes a ``slot`` argument: it is given the slot it serves."""
+        return "slot" in inspect.signature(self.func).parameters
+
+    def call(self, slot: dt.datetime | None) -> Any:
+        """Run the function as a scheduled start does: no arguments but ``slot``."""
+        kwargs = {"slot": slot} if self.wants_slot else {}
+        if self.is_async:
+            from asgiref.sync import async_to_sync
+
+            return async_to_sync(self.func)(**kwargs)
+        return self.func(**kwargs)
 
 
 _jobs: dict[str, Job] = {}

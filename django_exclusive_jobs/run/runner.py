@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import signals
 from ..lock.acquire import acquire_or_raise
@@ -20,10 +20,15 @@ from ..lock.durations import DurationLike
 from ..lock.errors import JobLockError, LockHeld, LockLost
 from ..lock.lock import Lock
 from . import history
+from .catchup import CatchUp
 from .child import ChildExit
 from .schedules import Schedule
 from .shutdown import Interrupted
 from .status import RunStatus
+from .tasks import Enqueued
+
+if TYPE_CHECKING:
+    from ..models import RunRequest
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -49,10 +54,11 @@ class RunResult:
     held_until: dt.datetime | None = None
     returncode: int | None = None  # a child program's own exit code
     signum: int | None = None
+    enqueued: Enqueued | None = None  # the task result, for a django.tasks job
 
     @property
     def exit_code(self) -> int:
-        if self.status in (RunStatus.SUCCEEDED, RunStatus.SKIPPED):
+        if self.status in (RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.ENQUEUED):
             return EXIT_OK
         if self.status == RunStatus.INTERRUPTED and self.signum:
             return 128 + self.signum
@@ -82,12 +88,16 @@ class JobRunner:
     report: Callable[[str, bool], None] | None = None
     on_lost: Callable[[Lock], None] | None = None
     schedule: Schedule | None = None
+    catch_up: CatchUp = field(default_factory=CatchUp)
     retry_failed: bool = False
     lock: Lock | None = field(default=None, init=False)
     run_id: int | None = field(default=None, init=False)
     in_job: bool = field(default=False, init=False)
     pending_signal: int | None = field(default=None, init=False)
     slot: dt.datetime | None = field(default=None, init=False)
+    more_due: bool = field(default=False, init=False)  # catch_up="all" has more to run
+    request: RunRequest | None = field(default=None, init=False)  # a run asked for now
+    requested_by: str = field(default="", init=False)  # a manual run started here
     _started: float = field(default=0.0, init=False)
 
     def run(self, target: Callable[[Lock], Any]) -> RunResult:
@@ -217,6 +227,10 @@ class JobRunner:
             result.returncode = result.value.returncode
             if result.returncode != 0 and result.status == RunStatus.SUCCEEDED:
                 result.status = RunStatus.FAILED
+        if isinstance(result.value, Enqueued):
+            result.enqueued = result.value
+        if result.enqueued is not None and result.status == RunStatus.SUCCEEDED:
+            result.status = RunStatus.ENQUEUED
         if self.run_id is not None:
             history.record_end(
                 lock,
@@ -225,6 +239,7 @@ class JobRunner:
                 duration=result.duration,
                 exception=result.exception,
                 returncode=result.returncode,
+                enqueued=result.enqueued,
             )
         self._say_finished(lock, result)
         return result
@@ -249,18 +264,48 @@ class JobRunner:
         """
         if self.pending_signal is not None:
             return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
-        if self.schedule is not None:
-            if lock.acquired_at is None:
-                raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
-            self.slot = self.schedule.slot_at(lock.acquired_at)
-        run = history.claim(lock, self.name, self.slot, retry_failed=self.retry_failed)
-        if history.is_ours(run, lock):
-            self.run_id = run.pk
+        if not lock.held:  # taking it took longer than its lease: claim nothing
+            return self._skipped("the lease ran out while the lock was being taken", "", None)
+        claim = history.claim(
+            lock,
+            self.name,
+            schedule=self.schedule,
+            catch_up=self.catch_up,
+            retry_failed=self.retry_failed,
+            request=self.request,
+            requested_by=self.requested_by,
+        )
+        self.slot, self.more_due = claim.slot, claim.more
+        self._say_missed(lock, claim.missed)
+        if claim.run is None:
+            return self._skipped(claim.why, lock.holder, None)
+        if history.is_ours(claim.run, lock):
+            self.run_id = claim.run.pk
             return None
         slot = self.slot.isoformat() if self.slot else "?"
+        run = claim.run
         return self._skipped(
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )
+
+    def _say_missed(self, lock: Lock, missed: list[dt.datetime]) -> None:
+        """One line for the slots this start found missed, and a signal for each."""
+        if not missed:
+            return
+        first, last = missed[0].isoformat(), missed[-1].isoformat()
+        span = first if len(missed) == 1 else f"{first} .. {last}"
+        self._say(
+            f"missed {self.name}: {len(missed)} slot(s) no server ran, {span}; recorded",
+            normal=False,
+        )
+        for slot in missed:
+            # Robust: the rows are written; a receiver that raises must not undo the run.
+            answers = signals.slot_missed.send_robust(
+                sender=self.name, name=self.name, slot=slot, noticed_by=lock.holder
+            )
+            for receiver, answer in answers:
+                if isinstance(answer, Exception):
+                    logger.error("slot_missed receiver %r raised", receiver, exc_info=answer)
 
     def _skipped(self, why: str, holder: str, until: dt.datetime | None) -> RunResult:
         self._say(f"skipped {self.name}: {why}")
@@ -280,12 +325,16 @@ class JobRunner:
         detail = ""
         if result.returncode not in (None, 0):
             detail = f" exit={result.returncode}"
+        if result.enqueued is not None:
+            detail += f" task={result.enqueued.result_id} backend={result.enqueued.backend}"
         if result.exception is not None:
-            detail += f" error={type(result.exception).__name__}: {result.exception}"
+            exc = result.exception
+            message = getattr(exc, "message", None) or exc
+            detail += f" error={history.error_type(exc)}: {message}"
         self._say(
             f"finished {self.name} status={result.status.value} "
             f"duration={result.duration:.3f}s token={lock.token}{detail}",
-            normal=result.status == RunStatus.SUCCEEDED,
+            normal=result.status in (RunStatus.SUCCEEDED, RunStatus.ENQUEUED),
         )
         signals.job_finished.send(
             sender=self.name,

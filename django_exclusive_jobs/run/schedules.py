@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cronsim import CronSim, CronSimError
@@ -35,17 +36,31 @@ class Schedule:
         """The latest scheduled instant <= moment, and the gap to the next one."""
         raise NotImplementedError
 
-    def slot_at(self, now: dt.datetime) -> dt.datetime:
-        """The slot (a UTC datetime) that a run starting at ``now`` serves."""
-        now = now.astimezone(dt.UTC)  # local arithmetic would drop `fold`
-        _, interval = self.latest_at_or_before(now)
+    def next_after(self, moment: dt.datetime) -> dt.datetime:
+        """The first scheduled instant strictly after ``moment`` (UTC)."""
+        slot, interval = self.latest_at_or_before(moment)
+        return (slot.astimezone(dt.UTC) + interval).astimezone(dt.UTC)
+
+    def slots_back(self, slot: dt.datetime) -> Iterator[dt.datetime]:
+        """``slot`` and the scheduled instants before it, newest first (UTC)."""
+        while True:
+            yield slot
+            slot, _ = self.latest_at_or_before(slot - dt.timedelta(microseconds=1))
+            slot = slot.astimezone(dt.UTC)
+
+    def early_allowance(self, moment: dt.datetime) -> dt.timedelta:
+        """How early a start may be and still serve the coming slot (the slot tolerance,
+        at most a third of the interval so a late and an early start never meet)."""
+        _, interval = self.latest_at_or_before(moment)
         early = self.tolerance
         if early is None:
             early = parse_duration(app_settings.SLOT_TOLERANCE, what="SLOT_TOLERANCE")
-        # A start may be early by at most a third of the interval, so a late start of
-        # the previous slot and an early start of the next can never meet.
-        early = min(early, interval / 3)
-        slot, _ = self.latest_at_or_before(now + early)
+        return min(early, interval / 3)
+
+    def slot_at(self, now: dt.datetime) -> dt.datetime:
+        """The slot (a UTC datetime) that a run starting at ``now`` serves."""
+        now = now.astimezone(dt.UTC)  # local arithmetic would drop `fold`
+        slot, _ = self.latest_at_or_before(now + self.early_allowance(now))
         return slot.astimezone(dt.UTC)
 
 

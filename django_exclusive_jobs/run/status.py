@@ -12,6 +12,8 @@ class RunStatus(models.TextChoices):
     """The one vocabulary for runs: history rows, run results, signals, logs and exit codes.
 
     ``running`` while a run goes on (or when its server died before anyone noticed);
+    ``missed`` is a scheduled slot no server ran (recorded by the first start that notices);
+    ``enqueued`` is a run that handed a ``django.tasks`` Task to its backend's workers;
     ``skipped`` is never stored: the job did not run here because another server held the
     lock or had already run the slot.
     """
@@ -21,6 +23,8 @@ class RunStatus(models.TextChoices):
     FAILED = "failed", _("failed")
     INTERRUPTED = "interrupted", _("interrupted")
     LOST = "lost", _("lost")
+    MISSED = "missed", _("missed")
+    ENQUEUED = "enqueued", _("enqueued")
     SKIPPED = "skipped", _("skipped")
 
     @classmethod

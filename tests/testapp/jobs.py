@@ -50,3 +50,79 @@ def keepalive_probe() -> None:
 
     running = any(t.name.startswith("exclusive-jobs-keepalive:") for t in threading.enumerate())
     mark(f"keepalive={running}")
+
+
+# --- jobs the scheduler tests serve (`exclusive_scheduler --jobs ...`) ---------------------
+
+
+@exclusive_job("tick", every=os.environ.get("TICK_EVERY", "2s"), ttl=3)
+def tick(slot: object) -> None:
+    mark(f"tick {slot.isoformat()}")  # type: ignore[attr-defined]
+    time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
+
+
+@exclusive_job("tick_all", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, catch_up="all")
+def tick_all(slot: object) -> None:
+    mark(f"tick_all {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+@exclusive_job("tick_skip", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, catch_up="skip")
+def tick_skip(slot: object) -> None:
+    mark(f"tick_skip {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+@exclusive_job("tick_retry", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, retry_failed=True)
+def tick_retry(slot: object) -> None:
+    mark(f"tick_retry-start {slot.isoformat()}")  # type: ignore[attr-defined]
+    time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
+    mark(f"tick_retry {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+@exclusive_job("crash", every=os.environ.get("TICK_EVERY", "2s"))
+def crash() -> None:
+    how = os.environ.get("CRASH", "raise")
+    mark(f"crash-{how}")
+    if how == "exit":
+        os._exit(3)
+    if how == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)
+    raise RuntimeError("the job fell over")
+
+
+# --- django.tasks Tasks scheduled with @exclusive_job (tests/test_tasks.py) ------------
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the django_tasks backport
+    from django_tasks import task
+
+
+@exclusive_job("enqueue_tick", every=os.environ.get("TICK_EVERY", "2s"), retry_failed=True)
+@task()
+def enqueue_tick(slot: str) -> None:
+    mark(f"enqueue_tick {slot}")
+
+
+@exclusive_job("enqueue_now", every="1h")
+@task(backend="immediate")
+def enqueue_now(slot: str) -> None:
+    mark(f"enqueue_now {slot}")
+
+
+@exclusive_job("spin", every=os.environ.get("TICK_EVERY", "2s"), ttl=3)
+def spin(slot: object) -> None:
+    mark(f"spin {slot.isoformat()}")  # type: ignore[attr-defined]
+    while True:  # holds the GIL: only another process can stop it
+        pass
+
+
+if os.environ.get("RAISING_RECEIVERS"):
+    from django_exclusive_jobs import signals
+
+    def _raise(**kwargs: object) -> None:
+        raise RuntimeError("a receiver that raises")
+
+    for _signal in (signals.job_finished, signals.slot_missed):
+        _signal.connect(_raise, weak=False, dispatch_uid=f"raise-{id(_signal)}")

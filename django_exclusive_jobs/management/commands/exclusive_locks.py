@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -24,14 +23,9 @@ exit codes: 0 done; 1 refused (a held lock without --live) or no such lock;
 
 
 class Command(QuietOnClosedPipe):
+    epilog = EPILOG
     requires_system_checks: list[str] = []  # only this app's, in handle()
     help = "List job locks and their state; force-release stale ones (held ones need --live)."
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        kwargs.setdefault("allow_abbrev", False)  # an old --force must not pass as --force-color
-        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", nargs="?", choices=["list", "force-release"], default="list")

@@ -16,7 +16,7 @@ from django.db import connections
 from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError, LockDatabaseError
-from django_exclusive_jobs.management.output import QuietOnClosedPipe, shown_by_logging
+from django_exclusive_jobs.management.output import QuietOnClosedPipe, line_printer
 from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.decorator import runner_for
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
@@ -50,14 +50,9 @@ def _duration(value: str) -> str:
 
 
 class Command(QuietOnClosedPipe):
+    epilog = EPILOG
     help = "Run a job, management command or program on exactly one server at a time."
     requires_system_checks: list[str] = []  # only ours run, below: a cron job starts fast
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        kwargs.setdefault("epilog", EPILOG)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        kwargs.setdefault("allow_abbrev", False)
-        return super().create_parser(prog_name, subcommand, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="the job (and lock) name")
@@ -142,7 +137,7 @@ class Command(QuietOnClosedPipe):
         grace = self._check(options)
         job, target, child = self._target(name, program, extra)
         runner = runner_for(job, **self._overrides(job, options))
-        runner.report = self._reporter(options["verbosity"])
+        runner.report = line_printer(self, logger, options["verbosity"])
         if child is not None:
             child.grace = grace
             runner.on_lost = child.on_lost
@@ -152,7 +147,12 @@ class Command(QuietOnClosedPipe):
         logger.addHandler(quiet)
         try:
             with stop_on_signals(child.on_signal if child is not None else runner.on_signal):
-                result = runner.run(target)
+                result = runner.run(target or (lambda lock: job.call(runner.slot)))
+                # catch_up="all": each missed slot in turn, as the scheduler does.
+                while runner.more_due and result.status != RunStatus.INTERRUPTED:
+                    runner = runner_for(job, **self._overrides(job, options))
+                    runner.report = line_printer(self, logger, options["verbosity"])
+                    result = runner.run(lambda lock: job.call(runner.slot))  # noqa: B023
         except LockConfigurationError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except LockDatabaseError as exc:
@@ -206,19 +206,6 @@ class Command(QuietOnClosedPipe):
             overrides["retry_failed"] = True
         return overrides
 
-    def _reporter(self, verbosity: int) -> Any:
-        """Prints each decision line once: unless the project's logging already shows it."""
-
-        def report(line: str, normal: bool) -> None:
-            if shown_by_logging(logger, logging.INFO if normal else logging.WARNING):
-                return
-            if not normal:
-                self.stderr.write(line)
-            elif verbosity >= 1:
-                self.stdout.write(line)
-
-        return report
-
     def _target(
         self, name: str, program: list[str] | None, extra: list[str]
     ) -> tuple[Job, Any, ChildProgram | None]:
@@ -235,11 +222,7 @@ class Command(QuietOnClosedPipe):
         if job is not None:
             if extra:
                 raise CommandError(f"Unknown option(s): {' '.join(extra)}", returncode=2)
-            if job.is_async:
-                from asgiref.sync import async_to_sync
-
-                return job, lambda lock: async_to_sync(job.func)(), None
-            return job, lambda lock: job.func(), None
+            return job, None, None
         if name in get_commands() and name != "run_exclusive":
             return Job(name, _noop), lambda lock: call_command(name, *extra), None
         raise CommandError(_unknown(name), returncode=EXIT_USAGE)

@@ -12,19 +12,18 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
 from django.utils.html import format_html
 from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .conf import app_settings
-from .lock.clock import DatabaseNow, database_now, now_plus
-from .models import JobLock, JobLockQuerySet, JobRun, LockState
-from .run.status import RunStatus
+from ..conf import app_settings
+from ..lock.clock import DatabaseNow, database_now
+from ..models import JobLock, JobLockQuerySet, JobRun, LockState
+from ..run.status import RunStatus
 
 STATE_STYLE = {
     LockState.HELD: "held",
@@ -266,122 +265,6 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 f"Force-released lock (token {lock.token}, holder {lock.holder or '-'})",
             )
         return released
-
-
-class RunStatusFilter(admin.SimpleListFilter):
-    title = gettext_lazy("status")
-    parameter_name = "status"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return RunStatus.stored()
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value():
-            return queryset.filter(status=self.value())
-        return queryset
-
-
-@admin.register(JobRun)
-class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = [
-        "name",
-        "status_badge",
-        "started_at",
-        "duration_text",
-        "host",
-        "slot",
-        "token",
-        "attempts",
-    ]
-    list_filter = [RunStatusFilter, ("name", admin.AllValuesFieldListFilter)]
-    date_hierarchy = "started_at"
-    search_fields = ["name", "host", "error_type", "error"]
-    ordering = ["-started_at", "-id"]
-    list_per_page = 100
-    _detail_fields = (
-        "name",
-        "status_badge",
-        "slot",
-        "started_at",
-        "finished_at",
-        "duration_text",
-        "host",
-        "pid",
-        "instance",
-        "token",
-        "attempts",
-        "returncode",
-        "error_type",
-        "error_text",
-    )
-    fields = _detail_fields
-    readonly_fields = _detail_fields
-    change_list_template = "admin/django_exclusive_jobs/jobrun/change_list.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @admin.display(description=gettext_lazy("status"), ordering="status")
-    def status_badge(self, run: JobRun) -> str:
-        return format_html(
-            '<span class="exclusive-jobs-badge exclusive-jobs-{}">{}</span>',
-            run.status,
-            RunStatus(run.status).label,
-        )
-
-    @admin.display(description=gettext_lazy("duration"), ordering="duration")
-    def duration_text(self, run: JobRun) -> str:
-        return "—" if run.duration is None else _seconds(run.duration)
-
-    @admin.display(description=gettext_lazy("error and traceback"))
-    def error_text(self, run: JobRun) -> str:
-        if not run.error:
-            return "—"
-        return format_html('<pre class="exclusive-jobs-traceback">{}</pre>', run.error)
-
-    def get_urls(self) -> list[URLPattern]:
-        summary = path(
-            "summary/",
-            self.admin_site.admin_view(self.summary_view),
-            name="django_exclusive_jobs_jobrun_summary",
-        )
-        return [summary, *super().get_urls()]
-
-    def summary_view(self, request: HttpRequest) -> HttpResponse:
-        """One row per job: last run, last success, failures in 24 h, median duration."""
-        if not self.has_view_permission(request):
-            from django.core.exceptions import PermissionDenied
-
-            raise PermissionDenied
-        runs = JobRun.objects.using(self.get_queryset(request).db)
-        day_ago = now_plus(-dt.timedelta(hours=24))
-        rows = runs.values("name").annotate(
-            last_started=Max("started_at"),
-            last_success=Max("started_at", filter=Q(status=RunStatus.SUCCEEDED)),
-            failures_24h=Count("id", filter=Q(status=RunStatus.FAILED, started_at__gte=day_ago)),
-            total=Count("id"),
-        )
-        jobs = []
-        for row in rows.order_by("name"):
-            last = runs.filter(name=row["name"]).order_by("-started_at", "-id").first()
-            median = runs.median_duration(row["name"])
-            jobs.append(
-                {
-                    **row,
-                    "last": last,
-                    "median": "—" if median is None else _seconds(median),
-                }
-            )
-        context = {
-            **self.admin_site.each_context(request),
-            "title": _("Jobs at a glance"),
-            "opts": self.model._meta,
-            "jobs": jobs,
-        }
-        return TemplateResponse(request, "admin/django_exclusive_jobs/jobrun/summary.html", context)
 
 
 def _span(later: dt.datetime, earlier: dt.datetime) -> str:

@@ -1,0 +1,106 @@
+"""Admin pages for run history: every run, how it ended, and its error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy
+
+from ..models import JobRun
+from ..run.status import RunStatus
+from .locks import _seconds
+
+
+class RunStatusFilter(admin.SimpleListFilter):
+    title = gettext_lazy("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return RunStatus.stored()
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value():
+            return queryset.filter(status=self.value())
+        return queryset
+
+
+@admin.register(JobRun)
+class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = [
+        "name",
+        "status_badge",
+        "started_at",
+        "duration_text",
+        "host",
+        "slot",
+        "token",
+        "attempts",
+    ]
+    list_filter = [RunStatusFilter, ("name", admin.AllValuesFieldListFilter)]
+    date_hierarchy = "started_at"
+    search_fields = ["name", "host", "error_type", "error"]
+    ordering = ["-started_at", "-id"]
+    list_per_page = 100
+    _detail_fields = (
+        "name",
+        "status_badge",
+        "slot",
+        "started_at",
+        "finished_at",
+        "duration_text",
+        "host",
+        "pid",
+        "instance",
+        "token",
+        "attempts",
+        "returncode",
+        "requested_by",
+        "task_result_id",
+        "task_backend",
+        "error_type",
+        "error_text",
+    )
+    fields = _detail_fields
+    readonly_fields = _detail_fields
+    change_list_template = "admin/django_exclusive_jobs/jobrun/change_list.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=gettext_lazy("status"), ordering="status")
+    def status_badge(self, run: JobRun) -> str:
+        return format_html(
+            '<span class="exclusive-jobs-badge exclusive-jobs-{}">{}</span>',
+            run.status,
+            RunStatus(run.status).label,
+        )
+
+    @admin.display(description=gettext_lazy("duration"), ordering="duration")
+    def duration_text(self, run: JobRun) -> str:
+        return "—" if run.duration is None else _seconds(run.duration)
+
+    @admin.display(description=gettext_lazy("error and traceback"))
+    def error_text(self, run: JobRun) -> str:
+        if not run.error:
+            return "—"
+        return format_html('<pre class="exclusive-jobs-traceback">{}</pre>', run.error)
+
+    def get_urls(self) -> list[URLPattern]:
+        summary = path(
+            "summary/",
+            self.admin_site.admin_view(self.summary_view),
+            name="django_exclusive_jobs_jobrun_summary",
+        )
+        return [summary, *super().get_urls()]
+
+    def summary_view(self, request: HttpRequest) -> HttpResponse:
+        """The old "jobs at a glance" page: the jobs page replaced it."""
+        return HttpResponseRedirect(reverse("admin:django_exclusive_jobs_jobstate_changelist"))

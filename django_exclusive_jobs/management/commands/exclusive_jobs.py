@@ -1,0 +1,136 @@
+"""``manage.py exclusive_jobs [--json | --check] | pause NAME | resume NAME | run NAME``."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import sys
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from django_exclusive_jobs.checks import settings_error
+from django_exclusive_jobs.health import Overview, overview
+from django_exclusive_jobs.lock.errors import JobLockError, LockConfigurationError
+from django_exclusive_jobs.lock.retry import run_statement
+from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
+from django_exclusive_jobs.management.output import QuietOnClosedPipe
+from django_exclusive_jobs.run import control
+from django_exclusive_jobs.run.registry import get_job
+
+EPILOG = """\
+With no action: every job, its schedule, last run and health, as a table (or --json).
+--check prints one line per problem and exits 1 if there is any (for monitors and probes).
+pause / resume NAME: persisted; a paused job's starts skip (exit 0) until resumed.
+run NAME: run the job once now, here, under its lock (recorded as a manual run).
+
+exit codes: 0 all well (or done); 1 --check found problems, or run NAME failed or its
+lock is held; 2 usage error (unknown job); 3 the database cannot be reached; run NAME
+also exits as run_exclusive does: 4 the lock was lost, 128+N stopped by signal N.
+"""
+
+
+class Command(QuietOnClosedPipe):
+    epilog = EPILOG
+    help = "List jobs and their health; pause, resume or run one now."
+    requires_system_checks: list[str] = []  # only this app's, in handle()
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "action", nargs="?", choices=["list", "pause", "resume", "run"], default="list"
+        )
+        parser.add_argument("name", nargs="?", help="the job, with pause, resume and run")
+        parser.add_argument("--json", action="store_true", help="the list as JSON")
+        parser.add_argument(
+            "--check", action="store_true", help="one line per problem; exit 1 if any"
+        )
+        parser.add_argument("--database", help="database alias of the lock table")
+        parser.add_argument("--by", help="who asks (default: user@host of this shell)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        problem = settings_error()
+        if problem:
+            raise CommandError(problem, returncode=2)
+        try:
+            using = resolve_alias(options["database"])
+            check_outside_transaction(using)
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=2) from exc
+        action, name = options["action"], options["name"]
+        if action == "list":
+            if name:
+                raise CommandError("list takes no NAME.", returncode=2)
+            self._list(using, as_json=options["json"], check=options["check"])
+            return
+        if not name:
+            raise CommandError(f"{action} needs the job's NAME.", returncode=2)
+        if get_job(name) is None:
+            raise CommandError(
+                f"Unknown job {name!r}: 'manage.py exclusive_jobs' lists the jobs.", returncode=2
+            )
+        who = options["by"] or f"{getpass.getuser()}@{socket.gethostname()}"
+        try:
+            if action == "pause":
+                control.pause(name, by=who, using=using)
+                self.stdout.write(f"paused {name}: its starts skip until it is resumed")
+            elif action == "resume":
+                control.resume(name, by=who, using=using)
+                self.stdout.write(f"resumed {name}")
+            else:
+                self._run(name, who, using)
+        except JobLockError as exc:
+            raise CommandError(str(exc), returncode=3) from exc
+
+    def _list(self, using: str, *, as_json: bool, check: bool) -> None:
+        try:
+            jobs = run_statement(using, lambda: overview(using))
+        except JobLockError as exc:
+            raise CommandError(str(exc), returncode=3) from exc
+        if as_json:
+            self.stdout.write(json.dumps(jobs.as_dict(), indent=2))
+        elif check:
+            for line in jobs.problems:
+                self.stdout.write(line)
+            if not jobs.problems:
+                self.stdout.write(f"ok: {len(jobs.jobs)} job(s), no problem")
+        else:
+            self._table(jobs)
+        if check and jobs.problems:
+            sys.exit(1)
+
+    def _table(self, jobs: Overview) -> None:
+        rows = [("JOB", "HEALTH", "SCHEDULE", "NEXT SLOT", "LAST RUN", "FAILED/MISSED 24H")]
+        for job in jobs.jobs + jobs.undeclared:
+            last = job.last_run
+            rows.append(
+                (
+                    job.name if job.declared else f"{job.name} (not declared any more)",
+                    job.badge,
+                    f"{job.schedule} ({job.timezone})" if job.timezone else job.schedule,
+                    job.next_slot.isoformat(timespec="seconds") if job.next_slot else "-",
+                    f"{last.status} {last.started_at.isoformat(timespec='seconds')}"
+                    if last
+                    else "-",
+                    f"{job.failures_24h}/{job.missed_24h}",
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            self.stdout.write(
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(row, widths, strict=True)
+                ).rstrip()
+            )
+        alive = f"{jobs.schedulers_alive} scheduler(s) alive"
+        if not jobs.schedulers_alive and jobs.last_beat is not None:
+            alive = f"no scheduler alive since {jobs.last_beat.isoformat(timespec='seconds')}"
+        self.stdout.write(f"{alive}; {len(jobs.problems)} problem(s)")
+
+    def _run(self, name: str, who: str, using: str) -> None:
+        result = control.run_now(name, by=who, using=using, report=self._say)
+        if result.exit_code or result.status == "skipped":
+            sys.exit(result.exit_code or 1)
+
+    def _say(self, line: str, normal: bool) -> None:
+        (self.stdout if normal else self.stderr).write(line)

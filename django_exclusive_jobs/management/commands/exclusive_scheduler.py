@@ -1,0 +1,155 @@
+"""``manage.py exclusive_scheduler``: run every scheduled job, each slot once, on every server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+from django.db import connections
+
+from django_exclusive_jobs.checks import settings_error
+from django_exclusive_jobs.lock.durations import parse_duration
+from django_exclusive_jobs.lock.errors import LockConfigurationError
+from django_exclusive_jobs.lock.validation import resolve_alias
+from django_exclusive_jobs.management.output import QuietOnClosedPipe, line_printer
+from django_exclusive_jobs.run.registry import Job, all_jobs
+from django_exclusive_jobs.run.runner import EXIT_USAGE
+from django_exclusive_jobs.run.scheduler import Scheduler
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+EPILOG = """\
+Run it on every server (a systemd service, a container's command, a Kubernetes
+Deployment with any number of replicas): each slot of each job runs on one of them.
+Each run happens in a child process; its lock, history and log lines are those of
+`run_exclusive NAME` at that slot.
+
+exit codes:
+  0    stopped by SIGTERM or SIGINT (running jobs got --grace to end)
+  2    usage or configuration error (unknown job, no scheduled job, bad option)
+"""
+
+
+def _duration(value: str) -> float:
+    try:
+        seconds = parse_duration(value, what="--grace").total_seconds()
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError("--grace must not be negative.")
+    return seconds
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {value!r}")
+    return number
+
+
+class Command(QuietOnClosedPipe):
+    epilog = EPILOG
+    help = "Run every job that has a schedule, each slot once across all servers running this."
+    requires_system_checks: list[str] = []  # only this app's, in handle()
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--jobs", nargs="+", metavar="NAME", help="serve only these jobs")
+        parser.add_argument("--exclude", nargs="+", metavar="NAME", help="serve all but these")
+        parser.add_argument(
+            "--database", help="database alias of the lock table (default: as run_exclusive)"
+        )
+        parser.add_argument(
+            "--max-concurrent",
+            type=_positive,
+            default=10,
+            help="at most this many jobs running at once on this server (default 10)",
+        )
+        parser.add_argument(
+            "--grace",
+            type=_duration,
+            default=20.0,
+            help="on SIGTERM/SIGINT, how long running jobs may take to end before they are "
+            "stopped (default 20s; keep it under your platform's kill timeout)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        problem = settings_error()
+        if problem:
+            raise CommandError(problem, returncode=EXIT_USAGE)
+        jobs = self._jobs(options["jobs"], options["exclude"])
+        try:
+            alias = resolve_alias(options["database"])
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        if options["database"]:
+            jobs = [replace(job, using=alias) for job in jobs]
+        # Runs asked for now: every job this scheduler may run (with --jobs, only those).
+        on_request = [
+            job
+            for job in all_jobs()
+            if (not options["jobs"] or job.name in options["jobs"])
+            and job.name not in (options["exclude"] or [])
+        ]
+        if options["database"]:
+            on_request = [replace(job, using=alias) for job in on_request]
+        scheduler = Scheduler(
+            jobs,
+            on_request=on_request,
+            using=alias,
+            max_concurrent=options["max_concurrent"],
+            grace=options["grace"],
+            # At verbosity 1, a server's skips (another server ran the slot) are left out.
+            report=line_printer(self, logger, options["verbosity"], skips=False),
+        )
+        # With no logging configured, Python's last-resort handler would print every
+        # warning a second time on stderr: the command's own line is the one shown.
+        quiet = logging.NullHandler()
+        logger.addHandler(quiet)
+        try:
+            code = scheduler.run()
+        except LockConfigurationError as exc:  # e.g. migrations not applied
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        finally:
+            logger.removeHandler(quiet)
+            connections.close_all()
+        if code:
+            sys.exit(code)
+
+    def _jobs(self, only: list[str] | None, exclude: list[str] | None) -> list[Job]:
+        """The jobs to serve: every job with a schedule, or those chosen; one-line errors."""
+        known = {job.name: job for job in all_jobs()}
+        for name in (only or []) + (exclude or []):
+            if name not in known:
+                raise CommandError(
+                    f"Unknown job {name!r}: 'manage.py run_exclusive --list' shows the jobs.",
+                    returncode=EXIT_USAGE,
+                )
+        if only:
+            unscheduled = [name for name in only if known[name].schedule is None]
+            if unscheduled:
+                raise CommandError(
+                    f"Job(s) without a schedule: {', '.join(unscheduled)}; give them every= "
+                    "or cron= in @exclusive_job(...), or run them with run_exclusive.",
+                    returncode=EXIT_USAGE,
+                )
+        chosen = [
+            job
+            for job in known.values()
+            if job.schedule is not None
+            and (not only or job.name in only)
+            and job.name not in (exclude or [])
+        ]
+        if not chosen:
+            raise CommandError(
+                "No job to schedule: none of the chosen jobs has every= or cron= in "
+                "@exclusive_job(...).",
+                returncode=EXIT_USAGE,
+            )
+        return chosen

@@ -1,0 +1,110 @@
+"""Missed slots: what a start does about scheduled slots that no server ran.
+
+A slot is missed when no server ran it before a later start (a cron line, a scheduler)
+came along: every server was down, a deploy took too long, a run overran the next slot.
+The start that notices records each such slot once, as a run with status ``missed``,
+then runs what the job's policy says (hourly job, servers down from 09:10 to 11:40):
+
+=============  =====================================  ===================================
+``catch_up``   runs at 11:40                          recorded ``missed``
+=============  =====================================  ===================================
+``"latest"``   11:00 (the most recent slot), once     10:00
+``"skip"``     nothing; the next run is 12:00         10:00, 11:00
+``"all"``      10:00, then 11:00, in order            none (unless over the limit/window)
+=============  =====================================  ===================================
+
+``catch_up_window`` bounds how late a slot may still be run (for ``"skip"``: how late a
+start still counts as on time, by default the slot tolerance); ``catch_up_limit`` bounds
+how many slots ``"all"`` runs, the newest ones. Slots outside them are recorded missed.
+A job's first run has nothing before it to account for.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from ..lock.durations import DurationLike, parse_duration
+from ..lock.errors import LockConfigurationError
+from .schedules import Schedule
+
+POLICIES = ("latest", "skip", "all")
+# A job every second, down for a week, would need 600,000 rows: the newest are enough.
+MAX_RECORDED = 1000
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """A job's policy for missed slots (see the module docstring)."""
+
+    policy: str = "latest"
+    limit: int = 10
+    window: dt.timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one start does: the slot it runs (if any) and the slots it records missed."""
+
+    run: dt.datetime | None
+    missed: list[dt.datetime] = field(default_factory=list)
+    more: bool = False  # slots left to run after this one ("all")
+
+
+def make_catch_up(
+    policy: str = "latest", limit: int = 10, window: DurationLike | None = None
+) -> CatchUp:
+    """Check the arguments of ``@exclusive_job(catch_up=..., ...)``."""
+    if policy not in POLICIES:
+        raise LockConfigurationError(
+            f"catch_up must be one of {', '.join(map(repr, POLICIES))}, not {policy!r}."
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECORDED:
+        raise LockConfigurationError(
+            f"catch_up_limit must be a whole number from 1 to {MAX_RECORDED}, got {limit!r}."
+        )
+    window_delta = None
+    if window is not None:
+        window_delta = parse_duration(window, what="catch_up_window")
+        if window_delta < dt.timedelta(0):
+            raise LockConfigurationError("catch_up_window must not be negative.")
+    return CatchUp(policy, limit, window_delta)
+
+
+def plan(
+    schedule: Schedule,
+    catch_up: CatchUp,
+    now: dt.datetime,
+    last_recorded: dt.datetime | None,
+    *,
+    paused: tuple[dt.datetime, dt.datetime] | None = None,
+) -> Plan:
+    """What a start at ``now`` (database time) does, given the job's latest recorded slot.
+
+    ``last_recorded`` is the newest slot with a row at or before the current slot; when it
+    is the current slot itself there is nothing to plan (the caller skips or retries).
+    Slots within ``paused`` (the job's last pause) are neither run nor missed.
+    """
+    current = schedule.slot_at(now)
+    due: list[dt.datetime] = []  # slots no server has a row for, newest first
+    for slot in schedule.slots_back(current):
+        if last_recorded is not None and slot <= last_recorded:
+            break
+        due.append(slot)
+        if last_recorded is None or len(due) == MAX_RECORDED:
+            break
+    if last_recorded is None:
+        return Plan(current)  # a job's first run: nothing before it, on time or not
+    due.reverse()
+    if paused is not None:
+        due = [slot for slot in due if not paused[0] <= slot <= paused[1]]
+    window = catch_up.window
+    if window is None and catch_up.policy == "skip":
+        window = schedule.early_allowance(now)
+    runnable = [slot for slot in due if window is None or now - slot <= window]
+    if catch_up.policy == "all":
+        runnable = runnable[-catch_up.limit :]
+    else:
+        runnable = [slot for slot in runnable[-1:] if slot == current]
+    missed = [slot for slot in due if slot not in runnable]
+    return Plan(runnable[0] if runnable else None, missed, more=len(runnable) > 1)

@@ -1,0 +1,424 @@
+"""The scheduler: ``manage.py exclusive_scheduler`` on every server, each slot run once.
+
+Every server runs the same scheduler. For each job with a schedule it sleeps until the
+job's next slot on the database's clock, then starts the job as a cron line would (a
+:class:`JobRunner`: take the lock, claim the slot, record the run). One server wins the
+slot and the others skip it. The winner runs the job in a child process
+(:class:`JobProcess`) and keeps the lease alive until the child exits.
+
+One thread decides and writes the history, on one connection; it waits on the next
+slot, the children and the signals at once, so an idle scheduler sends nothing but its
+heartbeat and a clock check.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING, Any
+
+from ..lock.clock import DatabaseClock
+from ..lock.errors import JobLockError, LockDatabaseError
+from ..lock.retry import run_statement
+from . import control
+from .child import ChildExit
+from .decorator import runner_for
+from .heartbeat import Heartbeat
+from .process import JobFailed, JobProcess, Outcome, warm_up
+from .registry import Job
+from .runner import JobRunner, RunResult
+from .status import RunStatus
+
+if TYPE_CHECKING:
+    from ..models import RunRequest
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
+REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
+KILL_AFTER = 5.0  # seconds a job stopped at shutdown gets before SIGKILL
+LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
+MAX_BACKOFF = 30.0  # the longest wait between two tries while the database is down
+
+
+@dataclass
+class Active:
+    """A run this scheduler started and whose child has not ended yet."""
+
+    job: Job
+    runner: JobRunner
+    result: RunResult
+    process: JobProcess
+
+
+class Outage:
+    """One line when the database stops answering and one when it answers again."""
+
+    def __init__(self, say: Callable[[str, bool], None]) -> None:
+        self.say = say
+        self.since: float | None = None
+        self.failures = 0
+
+    def failed(self, exc: BaseException) -> float:
+        """Note a failure; how long to wait before the next try."""
+        if self.since is None:
+            self.since = time.monotonic()
+            self.say(f"database unreachable, retrying with backoff: {exc}", False)
+        self.failures += 1
+        return float(min(MAX_BACKOFF, 0.5 * 2 ** min(self.failures, 10)))
+
+    def ended(self) -> None:
+        if self.since is not None:
+            self.say(f"database reachable again after {time.monotonic() - self.since:.1f}s", False)
+        self.since, self.failures = None, 0
+
+
+class Scheduler:
+    """Runs ``jobs`` at each of their slots, in cooperation with every other scheduler.
+
+    :meth:`run` returns when :meth:`stop` is called (SIGTERM, SIGINT) and the running
+    jobs have ended, or ``grace`` seconds later, after stopping them.
+    """
+
+    def __init__(
+        self,
+        jobs: list[Job],
+        *,
+        using: str,
+        on_request: list[Job] | None = None,
+        max_concurrent: int = 10,
+        grace: float = 20.0,
+        report: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        self.jobs = {job.name: job for job in jobs}
+        # Jobs whose "run now" requests this scheduler serves (with or without a schedule).
+        self.on_request = {
+            job.name: job for job in (on_request if on_request is not None else jobs)
+        }
+        self.next_poll = 0.0  # monotonic
+        self.using = using
+        self.max_concurrent = max_concurrent
+        self.grace = grace
+        self.report = report
+        self.clock = DatabaseClock(using)
+        self.heartbeat = Heartbeat(using, sorted(self.jobs))
+        self.outage = Outage(self.say)
+        self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
+        self.running: dict[str, Active] = {}
+        self.stopping = False
+        self.stop_signal: int | None = None
+        self.next_beat = 0.0  # monotonic
+        self.started_runs = 0
+        self.stops = 0  # SIGTERM/SIGINT received
+        self.starting: JobRunner | None = None  # the runner of a start under way
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve the jobs until stopped; 0 after a clean stop."""
+        with self._signals():
+            self._begin()
+            while not self.stopping:
+                self._reap()
+                self._keep_time()
+                self._start_requested()
+                self._start_due()
+                self._sleep()
+            self._shut_down()
+        return 0
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Take no new slot; let running jobs end within the grace (a second stop: now).
+
+        Called from a signal handler: it only sets flags and wakes the loop, which does
+        the stopping (nothing here may take a lock the interrupted code holds).
+        """
+        self.stops += 1
+        self.stopping, self.stop_signal = True, signum
+        if self.starting is not None:  # a start under way claims nothing more
+            self.starting.pending_signal = signum
+        with suppress(OSError):
+            os.write(self._wake_write, b"x")
+
+    def _begin(self) -> None:
+        """Read the clock and each job's first due slot, waiting out a database outage."""
+        while not self.stopping:
+            try:
+                run_statement(self.using, self.clock.sync)
+                run_statement(self.using, self._first_due)
+                self.heartbeat.beat()
+            except LockDatabaseError as exc:
+                self._pause(self.outage.failed(exc))
+                continue
+            self.outage.ended()
+            self.next_beat = time.monotonic() + _beat_seconds()
+            warm_up()
+            self.say(
+                f"scheduler started: {len(self.jobs)} job(s), max {self.max_concurrent} at "
+                f"once; the database's clock is {self.clock.offset:+.3f}s from this server's"
+            )
+            return
+
+    def _first_due(self) -> None:
+        """A job with slots unrun since its latest run is due now (its catch-up); any
+        other waits for its next slot. A job that never ran waits too."""
+        from django.db.models import Max
+
+        from ..models import JobRun
+
+        latest = dict(
+            JobRun.objects.using(self.using)
+            .filter(name__in=list(self.jobs), slot__isnull=False)
+            .values_list("name")
+            .annotate(last=Max("slot"))
+            .order_by()
+        )
+        now = self.clock.now()
+        for name, job in self.jobs.items():
+            assert job.schedule is not None
+            previous, _ = job.schedule.latest_at_or_before(now)
+            last = latest.get(name)
+            if last is not None and last < previous:
+                self.due[name] = now
+            else:
+                self.due[name] = job.schedule.next_after(now)
+
+    def _keep_time(self) -> None:
+        """The heartbeat, and a fresh read of the database's clock now and then."""
+        if time.monotonic() < self.next_beat:
+            return
+        try:
+            if time.monotonic() - self.clock.synced_at > CLOCK_CHECK:
+                run_statement(self.using, self.clock.sync)
+            self.heartbeat.beat()
+        except LockDatabaseError as exc:
+            self.next_beat = time.monotonic() + self.outage.failed(exc)
+            return
+        self.outage.ended()
+        self.next_beat = time.monotonic() + _beat_seconds()
+
+    def _start_due(self) -> None:
+        now = self.clock.now()
+        for name, due in sorted(self.due.items(), key=lambda item: item[1]):
+            if self.stopping or due > now:
+                break
+            if name in self.running:
+                continue  # it starts again once its run ends
+            if len(self.running) >= self.max_concurrent:
+                break  # stays due: started when a run ends, unless another server has it
+            self._start(self.jobs[name], due)
+            now = self.clock.now()
+
+    def _sleep(self) -> None:
+        """Wait for the next due slot, a child's end or report, a signal, or a beat."""
+        if self.stopping:
+            return
+        waiting = [due for name, due in self.due.items() if name not in self.running]
+        full = len(self.running) >= self.max_concurrent
+        timeout = min(self.next_beat, self.next_poll) - time.monotonic()
+        if waiting and not full:
+            timeout = min(timeout, self.clock.seconds_until(min(waiting)) + 0.001)
+        self._wait(max(0.0, timeout))
+
+    def _wait(self, timeout: float) -> None:
+        waitables: list[Any] = [self._wake_read]
+        for active in self.running.values():
+            waitables.extend(active.process.waitables())
+        if self._wake_read in wait(waitables, timeout):
+            with suppress(BlockingIOError, OSError):
+                os.read(self._wake_read, 64)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` unless stopped first."""
+        self._wait(seconds)
+
+    def _start_requested(self) -> None:
+        """Every few seconds, one query for runs asked for now; start those it can."""
+        if self.stopping or time.monotonic() < self.next_poll or not self.on_request:
+            return
+        self.next_poll = time.monotonic() + REQUEST_POLL
+        try:
+            requests = control.pending(sorted(self.on_request), using=self.using)
+        except LockDatabaseError as exc:
+            self.next_poll = time.monotonic() + self.outage.failed(exc)
+            return
+        for request in requests:
+            if len(self.running) >= self.max_concurrent:
+                return
+            if request.name not in self.running:
+                self._start(self.on_request[request.name], self.clock.now(), request=request)
+
+    # --- one start ----------------------------------------------------------------------
+
+    def _start(self, job: Job, due: dt.datetime, request: RunRequest | None = None) -> None:
+        """Start ``job`` as a cron line would at ``due``: win the slot, or skip it.
+
+        With ``request``: the run asked for now, outside the schedule (due unchanged).
+        Whatever goes wrong (a signal receiver that raises, say) stays with this start.
+        """
+        try:
+            self._start_one(job, due, request)
+        except Exception as exc:
+            self.say(f"{job.name} not started: {type(exc).__name__}: {exc}", False)
+            self._next(job, request, self._following(job, max(self.clock.now(), due)))
+        finally:
+            self.starting = None
+
+    def _start_one(self, job: Job, due: dt.datetime, request: RunRequest | None) -> None:
+        runner = runner_for(job)
+        self.starting = runner
+        runner.report = self.report
+        runner.request = request
+        # Never wait for a held lock: the loop must keep every other job's slots. The
+        # next try is the next slot (or the lease's end, with retry_failed).
+        runner.wait = None
+        try:
+            started = runner.start()
+        except LockDatabaseError as exc:
+            backoff = self.outage.failed(exc)
+            self._next(job, request, self.clock.now() + dt.timedelta(seconds=backoff))
+            return
+        except JobLockError as exc:
+            self.say(f"{job.name} not started: {exc}", False)
+            self._next(job, request, self._following(job, due))
+            return
+        self.outage.ended()
+        now = self.clock.now()
+        if isinstance(started, RunResult):  # skipped, or stopped before the claim
+            if request is None:
+                self.due[job.name] = self._after_skip(job, started, max(now, due))
+            return
+        result = runner.begin(started)
+        try:
+            runner.ensure_lease_left(started)
+            child = JobProcess(job.name, runner.slot, grace=self.grace)
+        except Exception as exc:  # the lease ran out, or no process could be started
+            runner.record(result, exc)
+            runner.finish(result)
+            self._next(job, request, self._following(job, max(now, due)))
+            return
+        # A lost lock: SIGTERM, then SIGKILL within a second, before another server can
+        # take the lock over (the watchdog gives up ahead of the lease's end).
+        runner.on_lost = lambda lock: child.stop(signal.SIGTERM, kill_after=LOST_KILL_AFTER)
+        self.running[job.name] = Active(job, runner, result, child)
+        self.started_runs += 1
+        slot = runner.slot or due
+        # catch_up="all" with more missed slots: the next one as soon as this one ends.
+        self._next(job, request, slot if runner.more_due else self._following(job, slot))
+
+    def _next(self, job: Job, request: RunRequest | None, when: dt.datetime | None) -> None:
+        """Set when ``job`` is due next (a run asked for now leaves it as it was)."""
+        if request is None and when is not None and job.name in self.due:
+            self.due[job.name] = when
+
+    @staticmethod
+    def _following(job: Job, moment: dt.datetime) -> dt.datetime | None:
+        return job.schedule.next_after(moment) if job.schedule is not None else None
+
+    def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime:
+        """When to try again after a skip: the next slot; with ``retry_failed``, also when
+        the holder's lease ends (if its server died, its run is then retried)."""
+        assert job.schedule is not None
+        following = job.schedule.next_after(now)
+        until = result.held_until
+        if job.retry_failed and until is not None and until < following:
+            return max(until, now) + dt.timedelta(milliseconds=100)
+        return following
+
+    def _reap(self) -> None:
+        """Finish the runs whose child has exited."""
+        for name, active in list(self.running.items()):
+            outcome = active.process.poll()
+            if outcome is not None:
+                del self.running[name]
+                try:
+                    self._finish(active, outcome)
+                except Exception as exc:  # a job_finished receiver that raises, say
+                    self.say(f"{name}: finishing its run failed: {exc}", False)
+
+    def _finish(self, active: Active, outcome: Outcome) -> None:
+        """Release, record and report a run whose child exited, as run_exclusive would."""
+        runner, result = active.runner, active.result
+        lock = runner.lock
+        assert lock is not None
+        result.value = ChildExit(outcome.returncode)
+        result.enqueued = outcome.enqueued
+        lost = lock.lost
+        if outcome.error is not None:
+            runner.record(result, outcome.error)
+        elif not lost and (outcome.interrupted_by or active.process.stopped_by):
+            result.status = RunStatus.INTERRUPTED
+            result.signum = outcome.interrupted_by or active.process.stopped_by
+        elif not outcome.finished and not lost:
+            runner.record(result, JobFailed("ProcessDied", describe_exit(outcome.returncode)))
+        runner.finish(result)
+
+    def _shut_down(self) -> None:
+        """Let running jobs end within the grace, then stop them; mark this scheduler gone."""
+        if self.running:
+            self.say(
+                f"stopping: waiting up to {self.grace:g}s for {len(self.running)} running "
+                f"job(s): {', '.join(sorted(self.running))}",
+                False,
+            )
+        deadline = time.monotonic() + self.grace
+        while self.running and time.monotonic() < deadline and self.stops < 2:
+            self._wait(min(1.0, deadline - time.monotonic()))
+            self._reap()
+            self._keep_time()  # still alive while its jobs end
+        for active in self.running.values():
+            active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
+        while self.running:
+            self._wait(0.2)
+            self._reap()
+        try:
+            self.heartbeat.stopped()
+        except LockDatabaseError as exc:
+            self.say(f"could not mark this scheduler stopped: {exc}", False)
+        self.say("scheduler stopped")
+
+    def say(self, line: str, normal: bool = True) -> None:
+        """One line: to the log, and to ``report`` (the command's output)."""
+        logger.log(logging.INFO if normal else logging.WARNING, line)
+        if self.report is not None:
+            self.report(line, normal)
+
+    @contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT call :meth:`stop`; nothing is raised inside a statement."""
+
+        def handler(signum: int, frame: Any) -> None:
+            self.stop(signum)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+
+
+def _beat_seconds() -> float:
+    from ..models import Scheduler as SchedulerRow
+
+    return SchedulerRow.BEAT.total_seconds()
+
+
+def describe_exit(returncode: int) -> str:
+    """Why a job's process ended before its function returned."""
+    if returncode < 0:
+        with suppress(ValueError):
+            return f"The job's process was killed by {signal.Signals(-returncode).name}."
+        return f"The job's process was killed by signal {-returncode}."
+    return f"The job's process exited with code {returncode} before the job returned."

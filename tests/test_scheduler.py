@@ -1,0 +1,354 @@
+"""`manage.py exclusive_scheduler` as real processes on every backend: each slot once.
+
+The jobs (tests/testapp/jobs.py) append "<word> <slot> <pid>" to $MARKER each time they
+really run, so the tests count executions, not only history rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from django_exclusive_jobs.models import JobLock, JobRun, Scheduler
+
+from .test_bad_input import complaint
+from .test_command import ROOT, command_env, marker, wait_for
+from .test_faults import TcpProxy, proxied_env, proxy, server_alias
+
+__all__ = ["marker", "proxy", "server_alias"]  # fixtures
+
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+TWO_SECONDS = dt.timedelta(seconds=2)
+
+
+def scheduler_env(marker: Path, *, shift: str | None = None, **extra: str) -> dict[str, str]:
+    """The test settings; with ``shift`` (e.g. "+1h"), this server's clock is that far off."""
+    env = command_env(marker, **{"TICK_EVERY": "2s", **extra})
+    if shift is not None:
+        assert os.path.exists(FAKETIME), "libfaketime is missing (scripts/test.sh installs it)"
+        env.update(LD_PRELOAD=FAKETIME, FAKETIME=shift)
+    return env
+
+
+@pytest.fixture
+def schedulers() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+            with suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=30)
+
+
+def start_scheduler(
+    started: list[subprocess.Popen[str]], alias: str, *args: str, env: dict[str, str]
+) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "exclusive_scheduler", "--database", alias, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started.append(process)
+    return process
+
+
+def stop(process: subprocess.Popen[str], timeout: float = 30) -> tuple[str, str]:
+    """SIGTERM; its output once it exited (an exit code other than 0 fails the test)."""
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"exit {process.returncode}\n{out}\n{err}"
+    return out, err
+
+
+def executions(marker: Path, word: str) -> Counter[dt.datetime]:
+    """How many times the job really ran for each slot."""
+    ran: Counter[dt.datetime] = Counter()
+    if marker.exists():
+        for line in marker.read_text().splitlines():
+            fields = line.split()
+            if fields[0] == word:
+                ran[dt.datetime.fromisoformat(fields[1])] += 1
+    return ran
+
+
+def history(alias: str, name: str) -> list[JobRun]:
+    return list(JobRun.objects.using(alias).filter(name=name).order_by("slot"))
+
+
+def assert_every_slot_once(rows: list[JobRun], step: dt.timedelta = TWO_SECONDS) -> None:
+    """One row per slot, no slot left out, from the first row to the last."""
+    slots = [run.slot for run in rows]
+    assert all(slot is not None for slot in slots)
+    assert len(set(slots)) == len(slots)
+    gaps = [b - a for a, b in itertools.pairwise(slots)]  # type: ignore[operator]
+    assert set(gaps) <= {step}, f"slots not consecutive: gaps {sorted(set(gaps))[:5]}"
+
+
+def succeeded(alias: str, name: str) -> int:
+    return JobRun.objects.using(alias).filter(name=name, status="succeeded").count()
+
+
+# --- each slot once --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_three_schedulers_run_each_slot_once_with_clocks_an_hour_off(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    # SQLite's clock is the machine's: every process using the file runs on that machine.
+    shifts = (None, "+1h", "-1h") if connections[alias].vendor != "sqlite" else (None,) * 3
+    for shift in shifts:
+        start_scheduler(schedulers, alias, "--jobs", "tick", env=scheduler_env(marker, shift=shift))
+    wait_for(lambda: succeeded(alias, "tick") >= 22, timeout=120)
+    for process in schedulers:
+        stop(process, timeout=40)
+
+    rows = history(alias, "tick")
+    assert len(rows) >= 22
+    assert_every_slot_once(rows)
+    assert {run.status for run in rows} == {"succeeded"}  # none missed, none failed
+    ran = executions(marker, "tick")
+    assert set(ran) == {run.slot for run in rows} and set(ran.values()) == {1}
+    # Started on database time within the slot's interval, whatever the servers' clocks.
+    late = [run.started_at - run.slot for run in rows if run.slot is not None]
+    assert max(late) < TWO_SECONDS, late
+    beats = Scheduler.objects.using(alias).all()
+    assert len(beats) == 3 and all(beat.stopped_at is not None for beat in beats)
+    assert {tuple(beat.jobs) for beat in beats} == {("tick",)}
+
+
+def test_sigterm_lets_a_running_job_finish_within_the_grace(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    env = scheduler_env(marker, JOB_SECONDS="3")
+    process = start_scheduler(schedulers, alias, "--jobs", "tick", "--grace", "30", env=env)
+    wait_for(lambda: sum(executions(marker, "tick").values()) == 1, timeout=60)
+    _, err = stop(process, timeout=40)
+    assert "stopping: waiting up to 30s for 1 running job(s): tick" in err
+    [run] = history(alias, "tick")
+    assert run.status == "succeeded" and run.duration is not None and run.duration >= 3
+    lock = JobLock.objects.using(alias).get(name="tick")
+    assert lock.released_at is not None
+
+
+def test_sigterm_stops_a_job_past_the_grace_and_records_it_interrupted(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    env = scheduler_env(marker, JOB_SECONDS="120")
+    process = start_scheduler(schedulers, alias, "--jobs", "tick", "--grace", "1", env=env)
+    wait_for(lambda: sum(executions(marker, "tick").values()) == 1, timeout=60)
+    began = time.monotonic()
+    stop(process, timeout=40)
+    assert time.monotonic() - began < 1 + 10  # the grace, then SIGTERM gets the job out
+    [run] = history(alias, "tick")
+    assert run.status == "interrupted"
+    assert JobLock.objects.using(alias).get(name="tick").released_at is not None
+    assert Scheduler.objects.using(alias).get().stopped_at is not None
+
+
+# --- faults ----------------------------------------------------------------------------
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.slow
+def test_killed_scheduler_mid_run_is_lost_retried_and_later_slots_run_once(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    env = scheduler_env(marker, TICK_EVERY="6s", JOB_SECONDS="4")
+    for _ in range(2):
+        start_scheduler(schedulers, alias, "--jobs", "tick_retry", env=env)
+    wait_for(lambda: executions(marker, "tick_retry-start"), timeout=60)
+    [slot] = executions(marker, "tick_retry-start")
+    holder = JobLock.objects.using(alias).get(name="tick_retry")
+    [victim] = [process for process in schedulers if process.pid == holder.pid]
+    child = int(marker.read_text().split()[2])
+    victim.kill()
+    victim.communicate(timeout=30)
+    wait_for(lambda: process_gone(child), timeout=2)  # the job (4 s) died with its scheduler
+    # The survivor takes over when the lease ends and re-runs the slot (retry_failed).
+    wait_for(lambda: executions(marker, "tick_retry")[slot] == 1, timeout=30)
+    wait_for(lambda: succeeded(alias, "tick_retry") >= 3, timeout=60)
+    [survivor] = [process for process in schedulers if process is not victim]
+    stop(survivor, timeout=40)
+
+    assert executions(marker, "tick_retry-start")[slot] == 2  # killed once, retried once
+    assert f"tick_retry {slot.isoformat()} {child}" not in marker.read_text()
+    rows = history(alias, "tick_retry")
+    assert_every_slot_once(rows, dt.timedelta(seconds=6))
+    first = rows[0]
+    assert (first.slot, first.status, first.attempts) == (slot, "succeeded", 2)
+    ran = executions(marker, "tick_retry")
+    assert set(ran.values()) == {1} and set(ran) == {run.slot for run in rows}
+
+
+@pytest.mark.slow
+def test_all_schedulers_down_for_five_slots_then_each_policy_decides(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    jobs = ("tick", "tick_all", "tick_skip")
+    env = scheduler_env(marker)
+    first = start_scheduler(schedulers, alias, "--jobs", *jobs, env=env)
+    wait_for(lambda: all(succeeded(alias, name) >= 2 for name in jobs), timeout=60)
+    stop(first)
+    time.sleep(5 * 2 + 1)  # five slots and more with no scheduler up
+    again = start_scheduler(schedulers, alias, "--jobs", *jobs, env=env)
+    wait_for(lambda: all(succeeded(alias, name) >= 7 for name in jobs), timeout=60)
+    stop(again)
+
+    for name in jobs:
+        rows = history(alias, name)
+        assert_every_slot_once(rows)  # the history shows every slot: run or missed
+        ran = executions(marker, name)
+        assert set(ran.values()) == {1}
+        assert set(ran) == {run.slot for run in rows if run.status == "succeeded"}
+        assert {run.status for run in rows} <= {"succeeded", "missed"}
+    statuses = {name: "".join(run.status[0] for run in history(alias, name)) for name in jobs}
+    # latest: the gap's slots missed, the newest of them run late, once.
+    assert "mmmm" in statuses["tick"] and "mmmmmm" not in statuses["tick"]
+    assert statuses["tick"].endswith("s")
+    # all: every slot of the gap run, in order: nothing missed.
+    assert "m" not in statuses["tick_all"]
+    assert len(statuses["tick_all"]) >= len(statuses["tick"])
+    # skip: every slot of the gap missed (and the one at the restart, if it was late).
+    assert "mmmmm" in statuses["tick_skip"]
+    missed_before = [run for run in history(alias, "tick") if run.status == "missed"]
+    assert all("No server ran this slot" in run.error for run in missed_before)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("crash", "error_type", "says"),
+    [
+        ("raise", "RuntimeError", "the job fell over"),
+        ("exit", "ProcessDied", "exited with code 3 before the job returned"),
+        ("segfault", "ProcessDied", "killed by SIGSEGV"),
+    ],
+)
+def test_a_crashing_job_never_stops_the_scheduler_or_its_other_jobs(
+    marker: Path,
+    schedulers: list[subprocess.Popen[str]],
+    crash: str,
+    error_type: str,
+    says: str,
+    django_db_setup: None,
+    django_db_blocker: object,
+) -> None:
+    from .conftest import clean_tables
+
+    alias = "default"
+    with django_db_blocker.unblock():  # type: ignore[attr-defined]
+        clean_tables(alias)
+        env = scheduler_env(marker, CRASH=crash)
+        process = start_scheduler(schedulers, alias, "--jobs", "tick", "crash", env=env)
+        wait_for(lambda: succeeded(alias, "tick") >= 3, timeout=60)
+        wait_for(lambda: JobRun.objects.using(alias).filter(name="crash").count() >= 3)
+        stop(process)
+        crashed = history(alias, "crash")
+        assert {run.status for run in crashed} == {"failed"}
+        assert {run.error_type for run in crashed} == {error_type}
+        assert all(says in run.error for run in crashed), crashed[0].error
+        assert_every_slot_once(history(alias, "tick"))
+        clean_tables(alias)
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--jobs", "nope"], "Unknown job 'nope'"),
+        (["--jobs", "quick"], "Job(s) without a schedule: quick;"),
+        (["--max-concurrent", "0"], "--max-concurrent: must be a whole number of at least 1"),
+        (["--grace", "-1"], "--grace must not be negative."),
+        (["--database", "nowhere"], "Unknown database alias 'nowhere'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_and_nothing_runs(
+    marker: Path, args: list[str], message: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "exclusive_scheduler", *args],
+        cwd=ROOT,
+        env=scheduler_env(marker),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result
+    [line] = complaint(result.stderr)
+    assert message in line
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_database_outage_is_one_line_each_way_and_no_slot_runs_twice(
+    marker: Path, schedulers: list[subprocess.Popen[str]], proxy: TcpProxy, server_alias: str
+) -> None:
+    alias = server_alias
+    env = proxied_env(alias, proxy.port, MARKER=str(marker), TICK_EVERY="2s")
+    process = start_scheduler(schedulers, alias, "--jobs", "tick", env=env)
+    wait_for(lambda: succeeded(alias, "tick") >= 3, timeout=60)
+    proxy.cut("refuse")
+    time.sleep(7)  # three slots and more with the database gone
+    assert process.poll() is None  # still running
+    before = succeeded(alias, "tick")
+    proxy.restore()
+    wait_for(lambda: succeeded(alias, "tick") >= before + 3, timeout=60)
+    _, err = stop(process)
+
+    assert err.count("database unreachable") == 1, err
+    assert err.count("database reachable again") == 1, err
+    rows = history(alias, "tick")
+    assert_every_slot_once(rows)  # the slots of the outage are recorded, as run or missed
+    ran = executions(marker, "tick")
+    assert set(ran.values()) == {1}
+    assert set(ran) == {run.slot for run in rows if run.status == "succeeded"}
+
+
+@pytest.mark.slow
+def test_a_job_holding_the_gil_dies_with_its_killed_scheduler(
+    marker: Path, schedulers: list[subprocess.Popen[str]], django_db_setup: None
+) -> None:
+    process = start_scheduler(schedulers, "default", "--jobs", "spin", env=scheduler_env(marker))
+    wait_for(lambda: marker.exists() and marker.read_text().startswith("spin "), timeout=60)
+    child = int(marker.read_text().split()[2])
+    process.kill()
+    process.communicate(timeout=30)
+    wait_for(lambda: process_gone(child), timeout=5)
+
+
+def test_receivers_that_raise_never_stop_the_scheduler(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    env = scheduler_env(marker, RAISING_RECEIVERS="1")
+    process = start_scheduler(schedulers, alias, "--jobs", "tick", env=env)
+    wait_for(lambda: len(executions(marker, "tick")) >= 2, timeout=60)
+    _, err = stop(process)
+    assert "a receiver that raises" in err
+    assert process.returncode == 0
