@@ -7,7 +7,11 @@ creates the row, every trigger takes the lock over with the conditional UPDATE: 
 path a job started on every server by the same crontab takes each time.
 
 The wins must also spread evenly over the processes: Pearson's chi-square against the
-uniform distribution, at the 1% level.
+uniform distribution, at the 1% level. A fair lock still lands past that line once in a
+hundred races, and CI races on three databases: about one honest run in thirty-three
+would fail. So a race past the line is run once more, with fresh processes, and the test
+fails only if that one is skewed too. A real bias (the last holder winning again, one
+process always first) skews both; chance skews both once in ten thousand.
 """
 
 from __future__ import annotations
@@ -39,14 +43,16 @@ def chi_square_uniform(counts: list[int]) -> float:
     return sum((observed - expected) ** 2 / expected for observed in counts)
 
 
-def race(alias: str, processes: int, triggers: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Run the race; per process, the triggers it won and the tokens it got."""
+def race(
+    alias: str, name: str, processes: int, triggers: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Run the race for ``name``; per process, the triggers it won and the tokens it got."""
     barrier = SPAWN.Barrier(processes)
     results = SPAWN.Queue()
     workers = [
         SPAWN.Process(
             target=_fault_workers.race_for_one_name,
-            args=(alias, "load", triggers, barrier, results, worker),
+            args=(alias, name, triggers, barrier, results, worker),
         )
         for worker in range(processes)
     ]
@@ -71,11 +77,11 @@ def race(alias: str, processes: int, triggers: int) -> tuple[list[list[int]], li
                 process.join(10)
 
 
-@pytest.mark.slow
-def test_every_trigger_has_exactly_one_winner_and_wins_spread_evenly(alias: str) -> None:
+def race_once(alias: str, name: str) -> tuple[list[int], float]:
+    """Race for ``name``; check each trigger had one winner; wins per process, chi-square."""
     processes, triggers = LOAD[alias]
     started = time.monotonic()
-    won, tokens = race(alias, processes, triggers)
+    won, tokens = race(alias, name, processes, triggers)
     elapsed = time.monotonic() - started
 
     winners = Counter(trigger for wins in won for trigger in wins)
@@ -84,17 +90,31 @@ def test_every_trigger_has_exactly_one_winner_and_wins_spread_evenly(alias: str)
     assert doubled == {}, f"triggers with more than one winner: {doubled}"
     # Every win took the next token, and the row shows as many as there were triggers.
     assert sorted(token for got in tokens for token in got) == list(range(1, triggers + 1))
-    assert JobLock.objects.using(alias).get(name="load").token == triggers
+    assert JobLock.objects.using(alias).get(name=name).token == triggers
 
     counts = [len(wins) for wins in won]
     statistic = chi_square_uniform(counts)
-    critical = CHI_SQUARE_99[processes - 1]
     winner_of = {trigger: worker for worker, wins in enumerate(won) for trigger in wins}
     repeats = sum(winner_of[t] == winner_of[t + 1] for t in range(triggers - 1))
     print(
-        f"\n{alias}: {processes} processes x {triggers} triggers in {elapsed:.1f}s; "
+        f"\n{alias} ({name}): {processes} processes x {triggers} triggers in {elapsed:.1f}s; "
         f"wins per process {counts}; chi-square {statistic:.2f} "
-        f"(df {processes - 1}, 1% critical value {critical}); same winner twice running "
-        f"{repeats / (triggers - 1):.3f} (1/N = {1 / processes:.3f})"
+        f"(df {processes - 1}, 1% critical value {CHI_SQUARE_99[processes - 1]}); "
+        f"same winner twice running {repeats / (triggers - 1):.3f} (1/N = {1 / processes:.3f})"
     )
-    assert statistic < critical, f"wins not spread evenly: {counts}, chi-square {statistic:.2f}"
+    return counts, statistic
+
+
+@pytest.mark.slow
+def test_every_trigger_has_exactly_one_winner_and_wins_spread_evenly(alias: str) -> None:
+    processes, _ = LOAD[alias]
+    critical = CHI_SQUARE_99[processes - 1]
+    counts, statistic = race_once(alias, "load")
+    if statistic < critical:
+        return
+    # Past the 1% line: chance, or a bias? A fresh race tells them apart.
+    again, statistic_again = race_once(alias, "load-again")
+    assert statistic_again < critical, (
+        f"wins not spread evenly in two races running: {counts}, chi-square "
+        f"{statistic:.2f}, then {again}, chi-square {statistic_again:.2f}"
+    )
