@@ -1,20 +1,43 @@
-"""Test helpers: another server as a real OS process, and direct row access."""
+"""Test helpers: another server as a real OS process, started commands reaped, and direct
+row access."""
 
 from __future__ import annotations
 
 import atexit
 import datetime as dt
 import multiprocessing
+import os
+import signal
+import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from django_exclusive_jobs.lock.clock import now_plus
 from django_exclusive_jobs.models import JobLock
 
 SPAWN = multiprocessing.get_context("spawn")
+
+
+@contextmanager
+def reaped() -> Iterator[list[subprocess.Popen[str]]]:
+    """A list for the commands a test starts; on the way out each one still running is
+    resumed (a test may have stopped it) and killed, and all are reaped."""
+    started: list[subprocess.Popen[str]] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            if process.poll() is None:
+                with suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a child program still holds its pipes
+                process.wait(10)
 
 
 def row(alias: str, name: str) -> JobLock:

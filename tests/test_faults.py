@@ -29,7 +29,7 @@ from django_exclusive_jobs.lock.lock import Lock
 from django_exclusive_jobs.models import JobLock, JobRun, LockState, RunStatus
 
 from . import _fault_workers
-from .helpers import SPAWN, row
+from .helpers import SPAWN, reaped, row
 from .test_command import command_env, manage, runs, start, wait_for
 
 # --- a TCP proxy the test can cut -----------------------------------------------------
@@ -198,30 +198,14 @@ def proxied_env(alias: str, port: int, *, query: str = "", **extra: str) -> dict
 
 @pytest.fixture
 def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    try:
+    with reaped() as started:
         yield started
-    finally:
-        for process in started:
-            if process.poll() is None:
-                with_resumed(process)
-                process.kill()
-            try:
-                process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:  # a child program still holds its pipes
-                process.wait(10)
 
 
 def kill_if_alive(pid: int) -> None:
     """Kill a child program its run_exclusive may have left behind (own session)."""
     with suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-
-
-def with_resumed(process: subprocess.Popen[str]) -> None:
-    """SIGCONT a process a test may have stopped, so it can be killed and reaped."""
-    with suppress(ProcessLookupError):
-        os.kill(process.pid, signal.SIGCONT)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from django.db import connections
 
 from django_exclusive_jobs.models import JobLock, JobRun, Scheduler
 
+from .helpers import reaped
 from .test_bad_input import complaint
 from .test_command import ROOT, command_env, marker, wait_for
 from .test_faults import TcpProxy, proxied_env, proxy, server_alias
@@ -44,15 +44,8 @@ def scheduler_env(marker: Path, *, shift: str | None = None, **extra: str) -> di
 
 @pytest.fixture
 def schedulers() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    try:
+    with reaped() as started:
         yield started
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-            with suppress(subprocess.TimeoutExpired):
-                process.communicate(timeout=30)
 
 
 def start_scheduler(

@@ -17,6 +17,7 @@ from django_tasks_db.models import DBTaskResult
 from django_exclusive_jobs.models import JobRun
 from django_exclusive_jobs.run.registry import get_job
 
+from .helpers import reaped
 from .test_command import ROOT, command_env, manage, marker, wait_for
 from .test_faults import TcpProxy, proxied_env, proxy, server_alias
 from .test_scheduler import executions, schedulers, start_scheduler, stop
@@ -49,14 +50,8 @@ def test_immediate_backend_runs_the_task_in_process_once_per_slot(
 
 @pytest.fixture
 def workers() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    try:
+    with reaped() as started:
         yield started
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-            process.communicate(timeout=30)
 
 
 def start_worker(started: list[subprocess.Popen[str]], env: dict[str, str]) -> None:

@@ -18,8 +18,8 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from .heartbeat import Heartbeat
 from .process import JobFailed, JobProcess, Outcome, warm_up
 from .registry import Job
 from .runner import JobRunner, RunResult
+from .shutdown import stop_on_signals
 from .status import RunStatus
 
 if TYPE_CHECKING:
@@ -125,15 +126,20 @@ class Scheduler:
 
     def run(self) -> int:
         """Serve the jobs until stopped; 0 after a clean stop."""
-        with self._signals():
-            self._begin()
-            while not self.stopping:
-                self._reap()
-                self._keep_time()
-                self._start_requested()
-                self._start_due()
-                self._sleep()
-            self._shut_down()
+        # SIGTERM and SIGINT only call stop(): nothing is raised inside a statement.
+        try:
+            with stop_on_signals(self.stop):
+                self._begin()
+                while not self.stopping:
+                    self._reap()
+                    self._keep_time()
+                    self._start_requested()
+                    self._start_due()
+                    self._sleep()
+                self._shut_down()
+        finally:
+            os.close(self._wake_read)
+            os.close(self._wake_write)
         return 0
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
@@ -391,22 +397,6 @@ class Scheduler:
         logger.log(logging.INFO if normal else logging.WARNING, line)
         if self.report is not None:
             self.report(line, normal)
-
-    @contextmanager
-    def _signals(self) -> Iterator[None]:
-        """SIGTERM and SIGINT call :meth:`stop`; nothing is raised inside a statement."""
-
-        def handler(signum: int, frame: Any) -> None:
-            self.stop(signum)
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-            os.close(self._wake_read)
-            os.close(self._wake_write)
 
 
 def _beat_seconds() -> float:
