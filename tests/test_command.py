@@ -94,19 +94,22 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
         process.communicate(timeout=30)
 
 
+def launch(
+    started: list[subprocess.Popen[str]], command: list[str], env: dict[str, str]
+) -> subprocess.Popen[str]:
+    """Start ``command`` in the project's root, its output piped as text; add it to
+    ``started`` (a list that tests.helpers.reaped cleans up)."""
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    started.append(process)
+    return process
+
+
 def start(
     processes: list[subprocess.Popen[str]], alias: str, *args: str, env: dict[str, str]
 ) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        argv(alias, *args),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    processes.append(process)
-    return process
+    return launch(processes, argv(alias, *args), env)
 
 
 def wait_for(predicate: object, timeout: float = 60) -> None:

@@ -453,6 +453,18 @@ def parser_of(name: str) -> Any:
     return command.create_parser("manage.py", name, allow_abbrev=False)
 
 
+def long_options(name: str, dests: set[str]) -> set[str]:
+    """The ``--options`` of command ``name`` that set ``dests`` (one option per dest)."""
+    options = {
+        option
+        for action in parser_of(name)._actions
+        for option in action.option_strings
+        if option.startswith("--") and action.dest in dests
+    }
+    assert len(options) == len(dests)
+    return options
+
+
 def test_run_exclusive_exit_codes_match_the_docs() -> None:
     """The exit-code table of the reference matches run_exclusive's --help."""
     from django_exclusive_jobs.management.commands.run_exclusive import EPILOG
@@ -1425,14 +1437,9 @@ def test_exclusive_scheduler_exit_codes_match_the_docs() -> None:
     for text in (reference, page):
         assert re.findall(r"^\| (\d+) \|", text, re.MULTILINE) == codes
     # Both list every option of the command (but Django's own).
-    own = {"jobs", "exclude", "database", "max_concurrent", "grace"}
-    options = {
-        option
-        for action in parser_of("exclusive_scheduler")._actions
-        for option in action.option_strings
-        if option.startswith("--") and action.dest in own
-    }
-    assert len(options) == len(own)
+    options = long_options(
+        "exclusive_scheduler", {"jobs", "exclude", "database", "max_concurrent", "grace"}
+    )
     for text in (reference, page):
         assert set(re.findall(r"^\| `(--[a-z-]+)", text, re.MULTILINE)) == options
 
@@ -1467,28 +1474,18 @@ def test_exclusive_scheduler_prints_the_documented_lines(sqlite: str, tmp_path: 
     lines only, on standard output and standard error."""
     import signal
 
+    from .helpers import reaped
     from .test_command import command_env, wait_for
+    from .test_scheduler import start_scheduler
 
     env = command_env(tmp_path / "marker.txt", TICK_EVERY="1s", JOB_SECONDS="60")
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "django", "exclusive_scheduler", "--jobs", "tick"),
-            *("--database", sqlite, "--grace", "0", "--verbosity", "2"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with reaped() as started:
+        process = start_scheduler(
+            started, sqlite, "--jobs", "tick", "--grace", "0", "--verbosity", "2", env=env
+        )
         wait_for(lambda: JobRun.objects.using(sqlite).filter(name="tick").exists(), timeout=60)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate(timeout=30)
     assert process.returncode == 0, err
     patterns = [
         output_pattern(line)
@@ -1517,14 +1514,7 @@ def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
     assert codes == ["0", "1", "2", "3", "4"]
     reference = section("reference/commands.md", "## `exclusive_jobs`")
     assert re.findall(r"^\| (\d+) \|", reference, re.MULTILINE) == codes
-    own = {"json", "check", "database", "by"}
-    options = {
-        option
-        for action in parser_of("exclusive_jobs")._actions
-        for option in action.option_strings
-        if option.startswith("--") and action.dest in own
-    }
-    assert len(options) == len(own)
+    options = long_options("exclusive_jobs", {"json", "check", "database", "by"})
     assert set(re.findall(r"^\| `(--[a-z-]+)", reference, re.MULTILINE)) == options
     actions = {
         choice

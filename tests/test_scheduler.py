@@ -24,7 +24,7 @@ from django_exclusive_jobs.models import JobLock, JobRun, Scheduler
 
 from .helpers import reaped
 from .test_bad_input import complaint
-from .test_command import ROOT, command_env, marker, wait_for
+from .test_command import ROOT, command_env, launch, marker, wait_for
 from .test_faults import TcpProxy, proxied_env, proxy, server_alias
 
 __all__ = ["marker", "proxy", "server_alias"]  # fixtures
@@ -51,16 +51,8 @@ def schedulers() -> Iterator[list[subprocess.Popen[str]]]:
 def start_scheduler(
     started: list[subprocess.Popen[str]], alias: str, *args: str, env: dict[str, str]
 ) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "django", "exclusive_scheduler", "--database", alias, *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    started.append(process)
-    return process
+    command = [sys.executable, "-m", "django", "exclusive_scheduler", "--database", alias]
+    return launch(started, [*command, *args], env)
 
 
 def stop(process: subprocess.Popen[str], timeout: float = 30) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from django_exclusive_jobs.models import JobRun
 from django_exclusive_jobs.run.registry import get_job
 
 from .helpers import reaped
-from .test_command import ROOT, command_env, manage, marker, wait_for
+from .test_command import command_env, launch, manage, marker, wait_for
 from .test_faults import TcpProxy, proxied_env, proxy, server_alias
 from .test_scheduler import executions, schedulers, start_scheduler, stop
 
@@ -55,16 +55,7 @@ def workers() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def start_worker(started: list[subprocess.Popen[str]], env: dict[str, str]) -> None:
-    started.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "django", "db_worker", *WORKER_OPTIONS],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    )
+    launch(started, [sys.executable, "-m", "django", "db_worker", *WORKER_OPTIONS], env)
 
 
 def results(alias: str) -> list[DBTaskResult]:
