@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_model  # benchmarks/machine.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
 
@@ -92,14 +94,7 @@ def main() -> None:
             targets.append(("postgresql", "postgres://postgres@127.0.0.1:5432/postgres"))
         if reachable(3306):
             targets.append(("mariadb", "mysql://root@127.0.0.1:3306/test"))
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_model()
     print(f"machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"{args.runs} runs of each command, alternating; wall time per process\n")
     print(

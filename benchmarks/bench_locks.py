@@ -69,6 +69,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_model  # benchmarks/machine.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "bench_exclusive_jobs"
 SPAWN = multiprocessing.get_context("spawn")
@@ -1018,14 +1020,7 @@ def machine(config: dict[str, Any]) -> str:
     import django
     from django.db import connection
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_model()
     with connection.cursor() as cursor:
         if config["ENGINE"].endswith("sqlite3"):
             cursor.execute("SELECT sqlite_version()")

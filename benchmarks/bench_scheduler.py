@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_model  # benchmarks/machine.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 DB_NAME = "bench_scheduler"
@@ -681,14 +683,7 @@ def describe_machine() -> str:
     import django
     from django.db import connection
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
+    cpu = cpu_model()
     with connection.cursor() as cursor:
         cursor.execute("SELECT version()")
         server = cursor.fetchone()[0].split(" on ")[0]
