@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -111,6 +112,8 @@ class Lock:
         self._deadline = started + ttl.total_seconds()
         self._mutex = threading.Lock()
         self._keepalive: Any = None
+        #: Called with the new :attr:`deadline` after each renewal (from keep-alive's thread).
+        self.on_renewed: Callable[[float], None] | None = None
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost_reason else "held"
@@ -140,6 +143,14 @@ class Lock:
         if self._parent is not None:
             return self._parent.lost
         return self.lost_reason is not None
+
+    @property
+    def deadline(self) -> float:
+        """When the lease may end, on this machine's monotonic clock (never later than the
+        real end on the database's clock)."""
+        if self._parent is not None:
+            return self._parent.deadline
+        return self._deadline
 
     @property
     def seconds_left(self) -> float:
@@ -175,6 +186,8 @@ class Lock:
             if in_time:
                 self.expires_at = expires_at
                 self._deadline = started + ttl
+        if in_time and self.on_renewed is not None:
+            self.on_renewed(self._deadline)
         if not in_time:
             # The watchdog gave up while this renewal was on its way and the job was told
             # to stop. The lease it extended keeps other servers out until the job has

@@ -5,20 +5,29 @@ function runs in a child process. Whatever the job does (raises, hangs, leaks me
 crashes the interpreter, calls ``os._exit``), the scheduler and its other jobs go on,
 and a hung job can be stopped, which a thread cannot be.
 
-Children come from a fork server that imported Django once (``forkserver``, where the
-platform has it; else ``spawn``): a child starts in milliseconds, not the second a fresh
-interpreter and ``django.setup()`` take, and never inherits the scheduler's threads or
-database connections. A child and its own processes are killed when the scheduler dies
-(its end of their connection closes), so a ``kill -9`` of the scheduler leaves no job
-running without its lock.
+Children come from a fork server that set Django up once (``forkserver.py``): a child
+starts in milliseconds, not the second a fresh interpreter and ``django.setup()`` take,
+and never inherits the scheduler's threads or database connections.
+
+Each child has a guard process (not a thread: a job holding the GIL would starve it)
+that stops the job's process group when the job may no longer run:
+
+* the scheduler is gone, even by ``kill -9`` (its end of the report connection closes):
+  SIGKILL at once;
+* the lease is about to end without a renewal having reached the guard (the scheduler is
+  frozen by SIGSTOP, a debugger or a stalled disk, or cannot reach the database): SIGTERM
+  a safety margin before the lease's end, SIGKILL half-way through the margin. The
+  scheduler forwards each renewal's new deadline (on the monotonic clock, which the
+  processes of one machine share). A whole machine that stops (a VM pause) stops the
+  guard too: the fencing token is what refuses that job's late writes.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -27,29 +36,20 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .forkserver import ForkServer
 from .tasks import Enqueued
 
-_context: Any = None
-
-
-def context() -> Any:
-    """The multiprocessing context children are started from."""
-    global _context
-    if _context is None:
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            _context = multiprocessing.get_context("forkserver")
-            _context.set_forkserver_preload(["django_exclusive_jobs.run._warm"])
-        else:
-            _context = multiprocessing.get_context("spawn")
-    return _context
+_server = ForkServer()
 
 
 def warm_up() -> None:
     """Start the fork server now, so the first slot does not wait for Django's set-up."""
-    if context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
+    _server.ensure_running()
 
-        forkserver.ensure_running()
+
+def shut_down() -> None:
+    """Stop the fork server (the scheduler stops; running jobs stop through their guard)."""
+    _server.close()
 
 
 class JobFailed(Exception):
@@ -72,6 +72,8 @@ class Outcome:
     interrupted_by: int | None = None  # the signal that stopped the job in the child
     finished: bool = False  # the job's function returned
     enqueued: Enqueued | None = None  # what a django.tasks job enqueued
+    ended: float | None = None  # when the job ended, monotonic (None: killed from outside)
+    lease_ended: float | None = None  # when the guard stopped it for want of a renewal
 
 
 class JobProcess:
@@ -79,25 +81,28 @@ class JobProcess:
 
     :meth:`stop` may be called from another thread (keep-alive, when the lock is lost);
     a child that has not exited ``grace`` seconds after it was stopped is killed.
+    :meth:`extend` (from the keep-alive thread) tells the child's guard the lease's new
+    deadline.
     """
 
-    def __init__(self, name: str, slot: Any, *, grace: float) -> None:
+    def __init__(
+        self, name: str, slot: Any, *, grace: float, deadline: float, margin: float
+    ) -> None:
         self.name = name
         self.grace = grace
         self._killer: threading.Timer | None = None
         self._kill_at = float("inf")
-        ctx = context()
-        # One connection each way: the child reports on it, and its end of file tells the
-        # child the scheduler is gone.
-        self.reader, writer = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(
-            target=main,
-            args=(name, slot, writer),
-            name=f"exclusive-job:{name}",
-            daemon=False,
-        )
-        self.process.start()
-        writer.close()
+        # One connection each way: the child reports on it, the scheduler sends the lease's
+        # deadlines, and its end of file tells the guard the scheduler is gone.
+        ours, theirs = socket.socketpair()
+        self.reader = Connection(ours.detach())
+        try:
+            self.child = _server.start((name, slot, deadline, margin), theirs.fileno())
+        except BaseException:
+            self.reader.close()
+            raise
+        finally:
+            theirs.close()
         self.stopped_at: float | None = None
         self.stopped_by: int | None = None
         self._report: dict[str, Any] = {}
@@ -108,7 +113,13 @@ class JobProcess:
         """What the scheduler waits on for this child: its report pipe and its exit."""
         # Once the report pipe is at its end, only the exit is worth waiting for (a pipe
         # at its end is always "ready" and would make the loop spin).
-        return [self.process.sentinel] if self._reported else [self.reader, self.process.sentinel]
+        return [self.child.sentinel] if self._reported else [self.reader, self.child.sentinel]
+
+    def extend(self, deadline: float) -> None:
+        """Tell the guard the lease now lasts until ``deadline`` (monotonic seconds)."""
+        with self._mutex, suppress(OSError):
+            if not self.reader.closed:
+                self.reader.send({"lease_until": deadline})
 
     def poll(self) -> Outcome | None:
         """Read what the child reported; its outcome once it has exited, else None."""
@@ -117,25 +128,26 @@ class JobProcess:
                 self._report.update(self.reader.recv())
         except (EOFError, OSError):
             self._reported = True
-        if self.process.exitcode is None:
-            self.process.join(0)
-        if self.process.exitcode is None:
+        if self.child.poll() is None:
             return None
         with self._mutex:
             if self._killer is not None:
                 self._killer.cancel()
+            self.reader.close()
         self._signal_group(signal.SIGKILL)  # what the job started and left behind
-        self.reader.close()
         report = self._report
         error = None
         if "error_type" in report:
             error = JobFailed(report["error_type"], report["traceback"])
+        assert self.child.exitcode is not None
         return Outcome(
-            self.process.exitcode,
+            self.child.exitcode,
             error=error,
             interrupted_by=report.get("interrupted_by"),
             finished=bool(report.get("finished")),
             enqueued=report.get("enqueued"),
+            ended=report.get("ended"),
+            lease_ended=report.get("lease_ended"),
         )
 
     def stop(self, signum: int = signal.SIGTERM, *, kill_after: float | None = None) -> None:
@@ -157,20 +169,25 @@ class JobProcess:
         self._signal_group(signum)
 
     def _signal_group(self, signum: int) -> None:
-        pid = self.process.pid
-        if pid is None:
-            return
         with suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signum)
+            os.killpg(self.child.pid, signum)
 
 
 # --- in the child -----------------------------------------------------------------------
 
 
-def main(name: str, slot: Any, report: Connection) -> None:
+def main(
+    name: str,
+    slot: Any,
+    deadline: float,
+    margin: float,
+    *,
+    report: Connection,
+    setup_failure: str = "",
+) -> None:
     """The child: run job ``name`` for ``slot`` and report how it went."""
     os.setsid()  # its own process group: a stop reaches the job's own children too
-    guard, job_alive = _die_with_scheduler(report)
+    guard, job_alive = _guard(report, deadline, margin)
     from django.db import connections
 
     from .registry import get_job
@@ -178,21 +195,27 @@ def main(name: str, slot: Any, report: Connection) -> None:
 
     code = 0
     try:
-        _setup_django()
+        if setup_failure:
+            raise RuntimeError(
+                "Django could not be set up in the scheduler's fork server; restart the "
+                f"scheduler once it is fixed. The error was:\n{setup_failure}"
+            )
         job = get_job(name)
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
         with stop_on_signals():
             value = job.call(slot)
         enqueued = value if isinstance(value, Enqueued) else None
-        report.send({"finished": True, "enqueued": enqueued})
+        report.send({"finished": True, "enqueued": enqueued, "ended": time.monotonic()})
     except Interrupted as exc:
-        report.send({"interrupted_by": exc.signum})
+        report.send({"interrupted_by": exc.signum, "ended": time.monotonic()})
         code = 128 + exc.signum
     except BaseException as exc:  # everything a job raises is reported
         from .history import bounded_traceback
 
-        report.send({"error_type": type(exc).__qualname__, "traceback": bounded_traceback(exc)})
+        ended = time.monotonic()
+        error = {"error_type": type(exc).__qualname__, "traceback": bounded_traceback(exc)}
+        report.send({**error, "ended": ended})
         code = 1
     finally:
         with suppress(Exception):
@@ -202,32 +225,16 @@ def main(name: str, slot: Any, report: Connection) -> None:
     os.close(job_alive)  # the guard sees the job end, and exits
     with suppress(ChildProcessError):
         os.waitpid(guard, 0)
-    os._exit(code)  # no atexit handlers or multiprocessing clean-up of the fork server's
+    os._exit(code)  # no atexit handlers of the fork server's
 
 
-def _setup_django() -> None:
-    from django.apps import apps
+def _guard(connection: Connection, deadline: float, margin: float) -> tuple[int, int]:
+    """Fork the guard that stops this process group when the job may no longer run.
 
-    from . import _warm
-
-    if _warm.failure:
-        raise RuntimeError(
-            "Django could not be set up in the scheduler's fork server; restart the "
-            f"scheduler once it is fixed. The error was:\n{_warm.failure}"
-        )
-    if not apps.ready:
-        import django
-
-        django.setup()
-
-
-def _die_with_scheduler(connection: Connection) -> tuple[int, int]:
-    """Kill this process group when the scheduler is gone, even by ``kill -9``.
-
-    A guard process (not a thread: a job holding the GIL would starve it) waits for
-    either end: the scheduler's end of the connection closing (it never writes, so the
-    connection only becomes readable at its end of file), or the job's end (the pipe
-    this process holds closing). Returns the guard's pid and this process's pipe end.
+    It waits for the first of: the job's end (the pipe this process holds closes), the
+    scheduler's end (its end of the connection closes: SIGKILL at once), a new lease
+    deadline from the scheduler, or ``deadline - margin`` (SIGTERM, then SIGKILL at
+    ``deadline - margin / 2``). Returns the guard's pid and this process's pipe end.
     """
     job_alive_read, job_alive_write = os.pipe()
     guard = os.fork()
@@ -236,10 +243,34 @@ def _die_with_scheduler(connection: Connection) -> tuple[int, int]:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop is for the job
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             os.close(job_alive_write)
-            ready, _, _ = select.select([connection.fileno(), job_alive_read], [], [])
-            if job_alive_read not in ready:  # the scheduler is gone, the job is not
-                os.killpg(os.getpgrp(), signal.SIGKILL)
+            _watch(connection, job_alive_read, deadline, margin)
         finally:
             os._exit(0)
     os.close(job_alive_read)
     return guard, job_alive_write
+
+
+def _watch(connection: Connection, job_alive: int, deadline: float, margin: float) -> None:
+    while True:
+        left = deadline - margin - time.monotonic()
+        ready, _, _ = select.select([connection.fileno(), job_alive], [], [], max(0.0, left))
+        if job_alive in ready:
+            return
+        if connection.fileno() in ready:
+            try:
+                deadline = max(deadline, connection.recv()["lease_until"])
+            except (EOFError, OSError):  # the scheduler is gone, the job is not
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+                return
+            continue
+        if left <= 0:
+            break
+    # No renewal reached us in time: the job must be gone before the lease can end.
+    with suppress(OSError):
+        connection.send({"lease_ended": time.monotonic()})
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+    ready, _, _ = select.select(
+        [job_alive], [], [], max(0.0, deadline - margin / 2 - time.monotonic())
+    )
+    if job_alive not in ready:
+        os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -203,11 +203,14 @@ class JobRunner:
             result.status = RunStatus.INTERRUPTED
         result.exception = exc
 
-    def finish(self, result: RunResult) -> RunResult:
-        """Stop keep-alive, release (min_hold honoured), record, say and signal the end."""
+    def finish(self, result: RunResult, *, ended: float | None = None) -> RunResult:
+        """Stop keep-alive, release (min_hold honoured), record, say and signal the end.
+
+        ``ended``: when the job ended (monotonic), if known better than "now".
+        """
         lock = self.lock
         assert lock is not None
-        result.duration = time.monotonic() - self._started
+        result.duration = (ended or time.monotonic()) - self._started
         lock.stop_keepalive()
         signals.lock_lost.disconnect(self._lost_receiver, sender=Lock)
         try:

@@ -25,13 +25,14 @@ from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from ..lock.clock import DatabaseClock
-from ..lock.errors import JobLockError, LockDatabaseError
+from ..lock.errors import JobLockError, LockDatabaseError, LockLost
+from ..lock.keepalive import watchdog_margin
 from ..lock.retry import run_statement
 from . import control
 from .child import ChildExit
 from .decorator import runner_for
 from .heartbeat import Heartbeat
-from .process import JobFailed, JobProcess, Outcome, warm_up
+from .process import JobFailed, JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import JobRunner, RunResult
 from .shutdown import stop_on_signals
@@ -46,7 +47,11 @@ CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
 REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
 KILL_AFTER = 5.0  # seconds a job stopped at shutdown gets before SIGKILL
 LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
-MAX_BACKOFF = 30.0  # the longest wait between two tries while the database is down
+MAX_BACKOFF = 30.0
+LEASE_ENDED = (
+    "no renewal reached the job's process before its lease could end (the scheduler was "
+    "frozen or could not reach the database): the job was stopped before the lease's end"
+)  # the longest wait between two tries while the database is down
 
 
 @dataclass
@@ -306,15 +311,21 @@ class Scheduler:
         result = runner.begin(started)
         try:
             runner.ensure_lease_left(started)
-            child = JobProcess(job.name, runner.slot, grace=self.grace)
+            margin = watchdog_margin(started.ttl.total_seconds())
+            child = JobProcess(
+                job.name, runner.slot, grace=self.grace, deadline=started.deadline, margin=margin
+            )
         except Exception as exc:  # the lease ran out, or no process could be started
             runner.record(result, exc)
             runner.finish(result)
             self._next(job, request, self._following(job, max(now, due)))
             return
         # A lost lock: SIGTERM, then SIGKILL within a second, before another server can
-        # take the lock over (the watchdog gives up ahead of the lease's end).
+        # take the lock over (the watchdog gives up ahead of the lease's end). Each renewal
+        # reaches the child's guard, which stops the job by itself when none comes in time.
         runner.on_lost = lambda lock: child.stop(signal.SIGTERM, kill_after=LOST_KILL_AFTER)
+        started.on_renewed = child.extend
+        child.extend(started.deadline)  # a renewal may have come before the line above
         self.running[job.name] = Active(job, runner, result, child)
         self.started_runs += 1
         slot = runner.slot or due
@@ -359,14 +370,17 @@ class Scheduler:
         result.value = ChildExit(outcome.returncode)
         result.enqueued = outcome.enqueued
         lost = lock.lost
-        if outcome.error is not None:
+        if outcome.lease_ended is not None:
+            runner.record(result, LockLost(lock.name, lock.token, LEASE_ENDED))
+        elif outcome.error is not None:
             runner.record(result, outcome.error)
         elif not lost and (outcome.interrupted_by or active.process.stopped_by):
             result.status = RunStatus.INTERRUPTED
             result.signum = outcome.interrupted_by or active.process.stopped_by
         elif not outcome.finished and not lost:
             runner.record(result, JobFailed("ProcessDied", describe_exit(outcome.returncode)))
-        runner.finish(result)
+        # The job's own end, not when this loop noticed it (a frozen scheduler notices late).
+        runner.finish(result, ended=outcome.ended or outcome.lease_ended)
 
     def _shut_down(self) -> None:
         """Let running jobs end within the grace, then stop them; mark this scheduler gone."""
@@ -390,6 +404,7 @@ class Scheduler:
             self.heartbeat.stopped()
         except LockDatabaseError as exc:
             self.say(f"could not mark this scheduler stopped: {exc}", False)
+        shut_down()
         self.say("scheduler stopped")
 
     def say(self, line: str, normal: bool = True) -> None:

@@ -1,0 +1,239 @@
+"""The fork server: one process that set Django up once and forks each job's process.
+
+The scheduler starts it as ``python -c "...serve(FD)"`` with the scheduler's own module
+search path (as ``PYTHONPATH``), environment, settings module and working directory, so
+it imports the same project however the scheduler was started: from another folder
+(a systemd unit without ``WorkingDirectory``), by ``django-admin`` with
+``DJANGO_SETTINGS_MODULE``, by a script calling ``call_command``, or from a ``manage.py``
+without a ``__main__`` guard. It never runs the user's main script: multiprocessing's
+own fork server re-imports ``__main__`` in every child and ignores ``sys.path``.
+
+One request per job run, on one Unix socket: the scheduler sends the job's name, slot and
+lease deadline with two file descriptors, the child's end of its report connection and
+the write end of its exit pipe. The server forks the child, answers with its pid, and
+when the child exits writes its exit code (negative: killed by that signal) to the exit
+pipe. When the scheduler is gone (its end of the socket closes), the server exits; the
+jobs still running stop through their guard (``process.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import traceback
+from contextlib import suppress
+from typing import Any
+
+HEADER = struct.Struct("!I")
+EXIT = struct.Struct("!i")
+
+
+class ForkServerGone(RuntimeError):
+    """The fork server is not answering; the scheduler starts a new one next time."""
+
+
+class Child:
+    """A job's process, as the scheduler sees it: its pid and how it exited."""
+
+    def __init__(self, pid: int, exit_pipe: int) -> None:
+        self.pid = pid
+        self.sentinel = exit_pipe  # readable once the child has exited
+        self.exitcode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code once the child has exited (without blocking), else None."""
+        if self.exitcode is None and select.select([self.sentinel], [], [], 0)[0]:
+            data = os.read(self.sentinel, EXIT.size)
+            os.close(self.sentinel)
+            # No code: the fork server died before the child; its fate is unknown.
+            self.exitcode = EXIT.unpack(data)[0] if len(data) == EXIT.size else -signal.SIGKILL
+        return self.exitcode
+
+
+class ForkServer:
+    """The scheduler's end: starts the server on first use and asks it for children."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+
+    def ensure_running(self) -> None:
+        """Start the server (Django is set up there once) unless it is running."""
+        if self._process is not None and self._process.poll() is None:
+            return
+        self.close()
+        ours, theirs = socket.socketpair()
+        code = f"from django_exclusive_jobs.run.forkserver import serve; serve({theirs.fileno()})"
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", code],
+            pass_fds=[theirs.fileno()],
+            env=child_environment(),
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self._socket = ours
+
+    def start(self, request: Any, report_fd: int) -> Child:
+        """Fork a child that runs ``process.main(*request, report)``."""
+        self.ensure_running()
+        assert self._socket is not None
+        exit_read, exit_write = os.pipe()
+        try:
+            payload = pickle.dumps(request)
+            socket.send_fds(
+                self._socket, [HEADER.pack(len(payload)) + payload], [report_fd, exit_write]
+            )
+            answer = _receive_exactly(self._socket, 4)
+        except OSError as exc:
+            os.close(exit_read)
+            self.close()
+            raise ForkServerGone(f"the fork server did not answer: {exc}") from exc
+        finally:
+            os.close(exit_write)
+        if answer is None:
+            os.close(exit_read)
+            self.close()
+            raise ForkServerGone("the fork server exited")
+        return Child(HEADER.unpack(answer)[0], exit_read)
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self._process is not None:
+            with suppress(subprocess.TimeoutExpired):
+                self._process.wait(5)
+            self._process = None
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment, with what a new interpreter needs to import the same
+    project: its module search path (made absolute) and its settings module."""
+    from django.conf import settings
+
+    env = dict(os.environ)
+    search = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(search))
+    module = getattr(settings, "SETTINGS_MODULE", None)
+    if module:
+        env["DJANGO_SETTINGS_MODULE"] = module
+    return env
+
+
+def settings_reproducible() -> bool:
+    """False when settings came from ``settings.configure()``: a new interpreter (the
+    fork server) cannot load them."""
+    from django.conf import settings
+
+    return bool(getattr(settings, "SETTINGS_MODULE", None))
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+# --- in the fork server ---------------------------------------------------------------
+
+
+def serve(fd: int) -> None:
+    """The server's loop: fork a child per request, report each child's exit."""
+    # A SIGTERM sent to the whole process group (kill -- -PGID, tini -g, supervisord's
+    # stopasgroup) must not take the server down with its running jobs.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    requests = socket.socket(fileno=fd)
+    failure = _set_up_django()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    exits: dict[int, int] = {}  # pid -> the write end of its exit pipe
+    while True:
+        ready, _, _ = select.select([requests.fileno(), wake_read], [], [])
+        if wake_read in ready:
+            with suppress(BlockingIOError):
+                os.read(wake_read, 512)
+        _reap(exits)
+        if requests.fileno() in ready and not _serve_one(requests, exits, failure, (wake_read, wake_write)):
+            break
+    for exit_write in exits.values():
+        os.close(exit_write)  # the scheduler is gone: nobody reads them
+    os._exit(0)
+
+
+def _serve_one(
+    requests: socket.socket, exits: dict[int, int], failure: str, wake: tuple[int, int]
+) -> bool:
+    """Fork the child one request asks for; False when the scheduler is gone."""
+    data, fds, _flags, _address = socket.recv_fds(requests, 65536, 2)
+    if not data or len(fds) != 2:
+        return False
+    size = HEADER.unpack(data[: HEADER.size])[0]
+    payload = data[HEADER.size :]
+    if len(payload) < size:
+        payload += _receive_exactly(requests, size - len(payload)) or b""
+    report_fd, exit_write = fds
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        requests.close()
+        for other in (*exits.values(), exit_write, *wake):
+            os.close(other)
+        _run_child(pickle.loads(payload), report_fd, failure)
+    os.close(report_fd)
+    exits[pid] = exit_write
+    requests.sendall(HEADER.pack(pid))
+    return True
+
+
+def _run_child(request: Any, report_fd: int, failure: str) -> None:
+    from multiprocessing.connection import Connection
+
+    from .process import main
+
+    code = 70  # EX_SOFTWARE: main() itself failed
+    try:
+        main(*request, report=Connection(report_fd), setup_failure=failure)
+    finally:
+        os._exit(code)
+
+
+def _reap(exits: dict[int, int]) -> None:
+    while exits:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exit_write = exits.pop(pid, None)
+        if exit_write is not None:
+            with suppress(OSError):
+                os.write(exit_write, EXIT.pack(os.waitstatus_to_exitcode(status)))
+            os.close(exit_write)
+
+
+def _set_up_django() -> str:
+    """Set Django up before any child forks; the error text if it failed (each child then
+    reports it: a half-set-up Django cannot be set up again in the same process)."""
+    try:
+        import django
+
+        django.setup()
+    except Exception:
+        return traceback.format_exc()
+    return ""
