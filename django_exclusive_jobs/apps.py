@@ -1,5 +1,6 @@
 from django.apps import AppConfig
 from django.core import checks
+from django.db.models.signals import post_migrate
 from django.utils.translation import gettext_lazy as _
 
 
@@ -11,7 +12,9 @@ class ExclusiveJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from .checks import check_settings
+        from .management import prepare_job_locks
         from .run.registry import autodiscover
 
         checks.register(check_settings)
+        post_migrate.connect(prepare_job_locks, sender=self)
         autodiscover()

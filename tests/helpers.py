@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
+import glob
 import multiprocessing
 import os
 import signal
@@ -13,6 +14,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 from django_exclusive_jobs.lock.clock import now_plus
@@ -42,6 +44,19 @@ def reaped() -> Iterator[list[subprocess.Popen[str]]]:
 
 def row(alias: str, name: str) -> JobLock:
     return JobLock.objects.using(alias).get(name=name)
+
+
+def postgres_log() -> Path | None:
+    """The PostgreSQL server's log file on this machine (Debian's layout), if readable."""
+    found = sorted(glob.glob("/var/log/postgresql/postgresql-*-main.log"), key=os.path.getmtime)
+    return Path(found[-1]) if found and os.access(found[-1], os.R_OK) else None
+
+
+def log_lines_since(path: Path, offset: int, database: str) -> list[str]:
+    """The server log's lines about ``database`` written after ``offset``."""
+    with path.open(errors="replace") as log:
+        log.seek(offset)
+        return [line for line in log.read().splitlines() if f"@{database} " in line]
 
 
 def expire_now(alias: str, name: str) -> None:

@@ -3,13 +3,11 @@ wrappers and the query log see it, and the normal path leaves the database's log
 
 from __future__ import annotations
 
-import glob
 import os
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +19,7 @@ from django_exclusive_jobs.lock.acquire import acquire_or_raise
 from django_exclusive_jobs.lock.clock import now_sql, plus_seconds_sql
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 
-from .helpers import other_holder, race_slots
+from .helpers import log_lines_since, other_holder, postgres_log, race_slots
 
 TABLE = JobLock._meta.db_table
 
@@ -156,18 +154,6 @@ def test_a_job_run_is_all_visible(alias: str) -> None:
 
 
 # --- the PostgreSQL server's own log ------------------------------------------------------
-
-
-def postgres_log() -> Path | None:
-    """The PostgreSQL server's log file on this machine (Debian's layout), if readable."""
-    found = sorted(glob.glob("/var/log/postgresql/postgresql-*-main.log"), key=os.path.getmtime)
-    return Path(found[-1]) if found and os.access(found[-1], os.R_OK) else None
-
-
-def log_lines_since(path: Path, offset: int, database: str) -> list[str]:
-    with path.open(errors="replace") as log:
-        log.seek(offset)
-        return [line for line in log.read().splitlines() if f"@{database} " in line]
 
 
 @pytest.mark.slow

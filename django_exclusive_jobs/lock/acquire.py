@@ -1,7 +1,10 @@
 """Taking a lock: one decision per try, a wait loop, and the public entry points.
 
-A decision is the ``take`` statement (``sql.py``); a name that has no row yet gets one from
-``get_or_create`` inside ``transaction.atomic``, where the unique name lets one insert win.
+A decision is the ``take`` statement (``sql.py``). A declared job's row is made ahead of
+its first take by :func:`prepare_locks` (after ``migrate``, at the scheduler's start), so
+racing servers only ever meet in the ``take``. A name that still has no row (one created
+on the fly) gets one from ``get_or_create`` inside ``transaction.atomic``, where the
+unique name lets one insert win.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -250,16 +253,49 @@ def _won(
     )
 
 
+def prepare_locks(names: Iterable[str], *, using: str | None = None) -> int:
+    """Make sure each of ``names`` has its lock row; return how many were missing.
+
+    A missing row is inserted free (never held, so the first ``take`` wins it) with the
+    highest token of the name's run history (0 if none): the take adds one, so the first
+    token is the one a row created on the fly starts with (``_first_token``).
+    One conflict-ignoring insert (``ON CONFLICT DO NOTHING``, ``INSERT IGNORE``): servers
+    preparing at once never make the database report a duplicate key. Nothing is sent
+    but one ``SELECT`` when every row exists.
+    """
+    from ..models import JobLock
+
+    wanted = sorted({validate_name(name) for name in names})
+    alias = resolve_alias(using)
+    rows = JobLock.objects.using(alias)
+
+    def insert_missing() -> int:
+        existing = set(rows.filter(name__in=wanted).values_list("name", flat=True))
+        missing = [name for name in wanted if name not in existing]
+        if missing:
+            tops = _top_tokens(alias, missing)
+            free = [JobLock(name=name, token=tops.get(name, 0)) for name in missing]
+            rows.bulk_create(free, ignore_conflicts=True)
+        return len(missing)
+
+    return run_statement(alias, insert_missing) if wanted else 0
+
+
 def _first_token(alias: str, name: str) -> int:
     """The token for a new row: above any this name had, even if its row was deleted.
 
     Run history remembers the tokens of past runs, so a lock row deleted by hand does
     not bring back a token a fenced write has already seen.
     """
+    return _top_tokens(alias, [name]).get(name, 0) + 1
+
+
+def _top_tokens(alias: str, names: list[str]) -> dict[str, int]:
+    """The highest token in run history of each of ``names`` that has one (one query)."""
     from ..models import JobRun
 
-    runs = JobRun.objects.using(alias).filter(name=name)
-    return (runs.aggregate(top=Max("token"))["top"] or 0) + 1
+    runs = JobRun.objects.using(alias).filter(name__in=names, token__isnull=False)
+    return dict(runs.values_list("name").annotate(top=Max("token")).order_by())
 
 
 def _reenter(alias: str, name: str) -> Lock | None:

@@ -2,8 +2,10 @@
 
 All of them run through Django's cursor, so execute wrappers, the query log and database
 instrumentation see them. ``now`` is the database's clock (``clock.now_sql``); a lease is
-open while ``expires_at > now``. The row of a name is created once, by the ORM's
-``get_or_create`` (``acquire.py``), and kept for ever so that its token only grows.
+open while ``expires_at > now``. The row of a name is created once and kept for ever so
+that its token only grows: free, ahead of its first take, for a declared job
+(``prepare_locks``); by the ORM's ``get_or_create`` at the first take of any other name
+(``acquire.py``).
 
 =======  ===============================================  =================================
 take     UPDATE ... WHERE name AND lease over              a changed row: the lock is ours
