@@ -78,14 +78,17 @@ def plan(
     last_recorded: dt.datetime | None,
     *,
     paused: tuple[dt.datetime, dt.datetime] | None = None,
+    current: dt.datetime | None = None,
 ) -> Plan:
     """What a start at ``now`` (database time) does, given the job's latest recorded slot.
 
     ``last_recorded`` is the newest slot with a row at or before the current slot; when it
     is the current slot itself there is nothing to plan (the caller skips or retries).
     Slots within ``paused`` (the job's last pause) are neither run nor missed.
+    ``current``: the slot this start serves, when not ``schedule.slot_at(now)``.
     """
-    current = schedule.slot_at(now)
+    if current is None:
+        current = schedule.slot_at(now)
     due: list[dt.datetime] = []  # slots no server has a row for, newest first
     for slot in schedule.slots_back(current):
         if last_recorded is not None and slot <= last_recorded:

@@ -166,7 +166,9 @@ def serve(fd: int) -> None:
             with suppress(BlockingIOError):
                 os.read(wake_read, 512)
         _reap(exits)
-        if requests.fileno() in ready and not _serve_one(requests, exits, failure, (wake_read, wake_write)):
+        if requests.fileno() in ready and not _serve_one(
+            requests, exits, failure, (wake_read, wake_write)
+        ):
             break
     for exit_write in exits.values():
         os.close(exit_write)  # the scheduler is gone: nobody reads them

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from django.db import IntegrityError
 from django.db.models import F
 
 from ..lock.clock import DatabaseNow
-from ..lock.errors import JobLockError, LockLost
+from ..lock.errors import JobLockError, LockDatabaseError, LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
@@ -62,11 +63,13 @@ def claim(
     retry_failed: bool = False,
     request: RunRequest | None = None,
     requested_by: str = "",
+    not_before: dt.datetime | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
     First closes the job's runs abandoned by earlier holders (:func:`close_abandoned`).
-    With a schedule, the slot comes from the lock's acquisition time on database time,
+    With a schedule, the slot comes from the lock's acquisition time on database time
+    (or ``not_before``, the scheduler's due slot, when the lock came a little before it),
     and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
     """
     close_abandoned(lock, name)
@@ -82,7 +85,10 @@ def claim(
         return Claim(_insert(lock, name, None))
     if lock.acquired_at is None:
         raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
-    current = schedule.slot_at(lock.acquired_at)
+    now, current = lock.acquired_at, schedule.slot_at(lock.acquired_at)
+    if not_before is not None:  # the scheduler's start: its due slot, never a coming one
+        now = max(lock.acquired_at, not_before)
+        current = schedule.latest_at_or_before(now)[0].astimezone(dt.UTC)
     runs = _runs(lock.using)
     # One indexed look-up: the current slot's row if any, else the newest before it.
     latest = run_statement(
@@ -99,9 +105,10 @@ def claim(
     plan = catchup.plan(
         schedule,
         catch_up or CatchUp(),
-        lock.acquired_at,
+        now,
         latest.slot if latest else None,
         paused=quiet,
+        current=current,
     )
     record_missed(lock, name, plan.missed)
     if plan.run is None:
@@ -267,9 +274,14 @@ def record_end(
     exception: BaseException | None,
     returncode: int | None,
     enqueued: Enqueued | None = None,
-) -> None:
-    """Write how the run ended; an error is logged, never raised (the lock is released)."""
-    values = {
+) -> Callable[[], None] | None:
+    """Write how the run ended. When the database cannot be reached, log it and return
+    what writes it later (with the end it had: ``started_at + duration``); else None.
+
+    A run marked ``lost`` by a later holder meanwhile (which took it for a crash) gets
+    its real end.
+    """
+    values: dict[str, Any] = {
         "status": status,
         "finished_at": DatabaseNow(),
         "duration": duration,
@@ -279,11 +291,28 @@ def record_end(
         "task_result_id": enqueued.result_id if enqueued else "",
         "task_backend": enqueued.backend if enqueued else "",
     }
-    rows = _runs(lock.using).filter(pk=run_id, token=lock.token)
+    rows = _runs(lock.using).filter(
+        pk=run_id, token=lock.token, status__in=[RunStatus.RUNNING, RunStatus.LOST]
+    )
     try:
         run_statement(lock.using, lambda: rows.update(**values))
+    except LockDatabaseError as exc:
+        logger.warning(
+            "could not record the end of run %s of %s (written when the database answers "
+            "again): %s",
+            run_id,
+            lock.name,
+            exc,
+        )
+        later = {**values, "finished_at": F("started_at") + dt.timedelta(seconds=duration)}
+
+        def write_later() -> None:
+            run_statement(lock.using, lambda: rows.update(**later))
+
+        return write_later
     except JobLockError:
         logger.exception("could not record the end of run %s of %s", run_id, lock.name)
+    return None
 
 
 def error_type(exc: BaseException) -> str:

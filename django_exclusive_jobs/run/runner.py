@@ -39,6 +39,8 @@ EXIT_USAGE = 2
 EXIT_DATABASE = 3
 EXIT_LOST = 4
 
+EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot; more: retry
+
 
 @dataclass
 class RunResult:
@@ -98,6 +100,12 @@ class JobRunner:
     more_due: bool = field(default=False, init=False)  # catch_up="all" has more to run
     request: RunRequest | None = field(default=None, init=False)  # a run asked for now
     requested_by: str = field(default="", init=False)  # a manual run started here
+    # The scheduler's due slot: the run never serves a slot before its time on the
+    # database's clock. ``early``: the lock came too early for it (nothing was claimed).
+    not_before: dt.datetime | None = field(default=None, init=False)
+    early: bool = field(default=False, init=False)
+    # Writes this run's end later, when the database could not be reached at its end.
+    unwritten_end: Callable[[], None] | None = field(default=None, init=False)
     _started: float = field(default=0.0, init=False)
 
     def run(self, target: Callable[[Lock], Any]) -> RunResult:
@@ -235,7 +243,7 @@ class JobRunner:
         if result.enqueued is not None and result.status == RunStatus.SUCCEEDED:
             result.status = RunStatus.ENQUEUED
         if self.run_id is not None:
-            history.record_end(
+            self.unwritten_end = history.record_end(
                 lock,
                 self.run_id,
                 status=result.status,
@@ -269,9 +277,13 @@ class JobRunner:
             return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
         if not lock.held:  # taking it took longer than its lease: claim nothing
             return self._skipped("the lease ran out while the lock was being taken", "", None)
+        if not self._on_time(lock):
+            self.early = True
+            return RunResult(self.name, RunStatus.SKIPPED)
         claim = history.claim(
             lock,
             self.name,
+            not_before=self.not_before,
             schedule=self.schedule,
             catch_up=self.catch_up,
             retry_failed=self.retry_failed,
@@ -290,6 +302,18 @@ class JobRunner:
         return self._skipped(
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )
+
+    def _on_time(self, lock: Lock) -> bool:
+        """Wait until ``not_before`` if the lock came a little early on the database's
+        clock; False (claim nothing) if it came so early that the clock estimate is off."""
+        if self.not_before is None or lock.acquired_at is None:
+            return True
+        early = (self.not_before - lock.acquired_at).total_seconds()
+        if early > EARLY_WAIT_LIMIT:
+            return False
+        if early > 0:
+            time.sleep(early)
+        return True
 
     def _say_missed(self, lock: Lock, missed: list[dt.datetime]) -> None:
         """One line for the slots this start found missed, and a signal for each."""

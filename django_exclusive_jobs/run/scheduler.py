@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
+from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseClock
 from ..lock.errors import JobLockError, LockDatabaseError, LockLost
 from ..lock.keepalive import watchdog_margin
@@ -47,7 +48,7 @@ CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
 REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
 KILL_AFTER = 5.0  # seconds a job stopped at shutdown gets before SIGKILL
 LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
-MAX_BACKOFF = 30.0
+PROBE_EVERY = 1.0  # seconds between two tries while the database is down
 LEASE_ENDED = (
     "no renewal reached the job's process before its lease could end (the scheduler was "
     "frozen or could not reach the database): the job was stopped before the lease's end"
@@ -65,7 +66,13 @@ class Active:
 
 
 class Outage:
-    """One line when the database stops answering and one when it answers again."""
+    """One line when the database stops answering and one when it answers again.
+
+    While it lasts, nothing is started: the loop only probes (clock and heartbeat) every
+    second, so the database's return is noticed within about a second, and the slots due
+    meanwhile start then, each under its job's catch-up policy. Nothing is retried at
+    "now + backoff": a start is always at a slot's time.
+    """
 
     def __init__(self, say: Callable[[str, bool], None]) -> None:
         self.say = say
@@ -78,7 +85,11 @@ class Outage:
             self.since = time.monotonic()
             self.say(f"database unreachable, retrying with backoff: {exc}", False)
         self.failures += 1
-        return float(min(MAX_BACKOFF, 0.5 * 2 ** min(self.failures, 10)))
+        return float(min(PROBE_EVERY, 0.25 * 2 ** min(self.failures - 1, 10)))
+
+    @property
+    def ongoing(self) -> bool:
+        return self.since is not None
 
     def ended(self) -> None:
         if self.since is not None:
@@ -121,6 +132,8 @@ class Scheduler:
         self.stopping = False
         self.stop_signal: int | None = None
         self.next_beat = 0.0  # monotonic
+        self.clock_doubtful = False  # a start found the database's clock behind our estimate
+        self.unwritten: list[Callable[[], None]] = []  # run ends to write once it answers
         self.started_runs = 0
         self.stops = 0  # SIGTERM/SIGINT received
         self.starting: JobRunner | None = None  # the runner of a start under way
@@ -166,6 +179,7 @@ class Scheduler:
             try:
                 run_statement(self.using, self.clock.sync)
                 run_statement(self.using, self._first_due)
+                prepare_locks(self.jobs, using=self.using)  # the first take logs no error
                 self.heartbeat.beat()
             except LockDatabaseError as exc:
                 self._pause(self.outage.failed(exc))
@@ -204,20 +218,37 @@ class Scheduler:
                 self.due[name] = job.schedule.next_after(now)
 
     def _keep_time(self) -> None:
-        """The heartbeat, and a fresh read of the database's clock now and then."""
+        """The heartbeat, and a fresh read of the database's clock now and then (during
+        an outage: both, every second, until the database answers)."""
         if time.monotonic() < self.next_beat:
             return
         try:
-            if time.monotonic() - self.clock.synced_at > CLOCK_CHECK:
+            stale = time.monotonic() - self.clock.synced_at > CLOCK_CHECK
+            if stale or self.outage.ongoing or self.clock_doubtful:
                 run_statement(self.using, self.clock.sync)
+                self.clock_doubtful = False
             self.heartbeat.beat()
+            self._write_unwritten_ends()
         except LockDatabaseError as exc:
-            self.next_beat = time.monotonic() + self.outage.failed(exc)
+            self._database_down(exc)
             return
         self.outage.ended()
         self.next_beat = time.monotonic() + _beat_seconds()
 
+    def _database_down(self, exc: BaseException) -> None:
+        """Start nothing until a probe (``_keep_time``) gets through."""
+        self.next_beat = time.monotonic() + self.outage.failed(exc)
+
+    def _write_unwritten_ends(self) -> None:
+        """Runs whose end could not be written (the database was down): written now, so
+        no later holder takes them for runs whose server crashed."""
+        while self.unwritten:
+            self.unwritten[0]()  # raises LockDatabaseError while still down
+            self.unwritten.pop(0)
+
     def _start_due(self) -> None:
+        if self.outage.ongoing:
+            return
         now = self.clock.now()
         for name, due in sorted(self.due.items(), key=lambda item: item[1]):
             if self.stopping or due > now:
@@ -236,7 +267,7 @@ class Scheduler:
         waiting = [due for name, due in self.due.items() if name not in self.running]
         full = len(self.running) >= self.max_concurrent
         timeout = min(self.next_beat, self.next_poll) - time.monotonic()
-        if waiting and not full:
+        if waiting and not full and not self.outage.ongoing:
             timeout = min(timeout, self.clock.seconds_until(min(waiting)) + 0.001)
         self._wait(max(0.0, timeout))
 
@@ -256,11 +287,13 @@ class Scheduler:
         """Every few seconds, one query for runs asked for now; start those it can."""
         if self.stopping or time.monotonic() < self.next_poll or not self.on_request:
             return
+        if self.outage.ongoing:
+            return
         self.next_poll = time.monotonic() + REQUEST_POLL
         try:
             requests = control.pending(sorted(self.on_request), using=self.using)
         except LockDatabaseError as exc:
-            self.next_poll = time.monotonic() + self.outage.failed(exc)
+            self._database_down(exc)
             return
         for request in requests:
             if len(self.running) >= self.max_concurrent:
@@ -292,11 +325,12 @@ class Scheduler:
         # Never wait for a held lock: the loop must keep every other job's slots. The
         # next try is the next slot (or the lease's end, with retry_failed).
         runner.wait = None
+        # Never serve a slot before its time on the database's clock (ours is an estimate).
+        runner.not_before = due if request is None else None
         try:
             started = runner.start()
         except LockDatabaseError as exc:
-            backoff = self.outage.failed(exc)
-            self._next(job, request, self.clock.now() + dt.timedelta(seconds=backoff))
+            self._database_down(exc)  # still due: started once the database answers
             return
         except JobLockError as exc:
             self.say(f"{job.name} not started: {exc}", False)
@@ -304,6 +338,9 @@ class Scheduler:
             return
         self.outage.ended()
         now = self.clock.now()
+        if runner.early:  # our estimate of the database's clock was off: read it again
+            self.clock_doubtful, self.next_beat = True, 0.0
+            return
         if isinstance(started, RunResult):  # skipped, or stopped before the claim
             if request is None:
                 self.due[job.name] = self._after_skip(job, started, max(now, due))
@@ -381,6 +418,9 @@ class Scheduler:
             runner.record(result, JobFailed("ProcessDied", describe_exit(outcome.returncode)))
         # The job's own end, not when this loop noticed it (a frozen scheduler notices late).
         runner.finish(result, ended=outcome.ended or outcome.lease_ended)
+        if runner.unwritten_end is not None:
+            self.unwritten.append(runner.unwritten_end)
+            self.next_beat = 0.0  # try at once; an outage makes it a probe each second
 
     def _shut_down(self) -> None:
         """Let running jobs end within the grace, then stop them; mark this scheduler gone."""
@@ -400,6 +440,10 @@ class Scheduler:
         while self.running:
             self._wait(0.2)
             self._reap()
+        try:
+            self._write_unwritten_ends()
+        except LockDatabaseError as exc:
+            self.say(f"could not record the end of {len(self.unwritten)} run(s): {exc}", False)
         try:
             self.heartbeat.stopped()
         except LockDatabaseError as exc:

@@ -126,3 +126,22 @@ if os.environ.get("RAISING_RECEIVERS"):
 
     for _signal in (signals.job_finished, signals.slot_missed):
         _signal.connect(_raise, weak=False, dispatch_uid=f"raise-{id(_signal)}")
+
+
+@exclusive_job("long_tick", every=os.environ.get("TICK_EVERY", "2s"), ttl=3)
+def long_tick(slot: object) -> None:
+    """Beats (the wall-clock time) every 50 ms for JOB_SECONDS: a test sees when it stops."""
+    mark(f"long_tick-start {slot.isoformat()}")  # type: ignore[attr-defined]
+    end = time.monotonic() + float(os.environ.get("JOB_SECONDS", "12"))
+    while time.monotonic() < end:
+        mark(f"long_tick-beat {time.time():.3f}")
+        time.sleep(0.05)
+    mark(f"long_tick-end {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+@exclusive_job("steady", every=os.environ.get("TICK_EVERY", "2s"), ttl=30)
+def steady(slot: object) -> None:
+    """A long lease: a short database outage during the run does not end it."""
+    mark(f"steady-start {slot.isoformat()}")  # type: ignore[attr-defined]
+    time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
+    mark(f"steady-end {slot.isoformat()}")  # type: ignore[attr-defined]
