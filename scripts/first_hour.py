@@ -11,8 +11,9 @@
    ``<!-- quickstart: append PATH -->`` is run or written, in order, in a new directory.
    The quickstart's own ``pip install`` line installs the wheel instead of the index's.
 4. Shows that ``check`` and ``migrate`` passed (they are quickstart steps), that two
-   racing ``run_exclusive`` calls give one run, and that the admin page for locks
-   answers 200 to a staff user.
+   racing ``run_exclusive`` calls give one run, that the admin page for locks answers
+   200 to a staff user, and that ``exclusive_scheduler`` started from ``/`` (a systemd
+   unit without ``WorkingDirectory``) runs a job in its own process.
 
 Needs PostgreSQL on 127.0.0.1:5432 (trust auth, user postgres); the quickstart's
 settings name the database ``mysite``, which this script drops and creates.
@@ -135,6 +136,42 @@ def race_two_servers(project: Path, env: dict[str, str]) -> None:
 
 CLEAR_RUNS = "from django_exclusive_jobs.models import JobRun; JobRun.objects.all().delete()"
 COUNT_RUNS = "from django_exclusive_jobs.models import JobRun; print(JobRun.objects.count())"
+ASK_FOR_A_RUN = """
+from django_exclusive_jobs.run import control
+print(control.request_run("hourly_report", by="first-hour", using="default").pk)
+"""
+RUN_STATUS = """
+from django_exclusive_jobs.models import RunRequest
+run = RunRequest.objects.get(pk={pk}).run
+print(run.status if run else "waiting")
+"""
+
+
+def scheduler_from_another_folder(project: Path, env: dict[str, str]) -> None:
+    """The installed wheel's scheduler, started from "/" by the absolute path of
+    manage.py, serves a "run now" in a job process of its own."""
+    import time
+
+    python = str(Path(env["VIRTUAL_ENV"]) / "bin" / "python")
+    shell = [python, "manage.py", "shell", "-v", "0", "-c"]
+    pk = run([*shell, ASK_FOR_A_RUN], project, env).strip()
+    argv = [python, str(project / "manage.py"), "exclusive_scheduler"]
+    say("$ cd / && " + " ".join(argv))
+    scheduler = subprocess.Popen(argv, cwd="/", env=env, stdout=subprocess.PIPE, text=True)
+    status = "waiting"
+    try:
+        deadline = time.monotonic() + 60
+        while status in ("waiting", "running") and time.monotonic() < deadline:
+            time.sleep(1)
+            status = run([*shell, RUN_STATUS.format(pk=pk)], project, env).strip()
+    finally:
+        scheduler.terminate()
+        output = scheduler.communicate(timeout=60)[0]
+    say(f"the scheduler started from / ran hourly_report: {status}")
+    if status != "succeeded" or scheduler.returncode != 0:
+        raise SystemExit(f"the scheduler started from / did not run the job:\n{output}")
+
+
 ADMIN_PAGE = """
 from django.contrib.auth.models import User
 from django.test import Client
@@ -171,7 +208,8 @@ def main() -> None:
         if status.strip() != "200":
             raise SystemExit(f"the admin page for locks answered {status.strip()}, not 200")
         say("the admin page for locks answers 200 to a staff user")
-        say("passed: wheel, quickstart, check, migrate, one run of two, admin page")
+        scheduler_from_another_folder(project, env)
+        say("passed: wheel, quickstart, check, migrate, one run of two, admin page, scheduler")
     finally:
         if args.keep:
             say(f"kept {work}")

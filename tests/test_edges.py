@@ -292,3 +292,36 @@ def test_a_run_whose_end_could_not_be_written_is_written_on_the_return(
     run = runs.get()
     assert run.status == "succeeded", (run.status, run.error, err)
     assert run.duration is not None and run.duration < 4
+
+
+CONFIGURED_IN_CODE = """
+import django
+from django.conf import settings
+from django.core.management import CommandError, call_command
+settings.configure(
+    INSTALLED_APPS=["django_exclusive_jobs"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    USE_TZ=True,
+)
+django.setup()
+try:
+    call_command("exclusive_scheduler")
+except CommandError as exc:
+    print(exc.returncode, exc)
+"""
+
+
+def test_settings_made_in_code_are_refused_with_one_line() -> None:
+    """A job's process cannot load settings made by settings.configure(): the scheduler
+    says so before it starts, instead of failing every run."""
+    env = command_env()
+    del env["DJANGO_SETTINGS_MODULE"]
+    result = subprocess.run(
+        [sys.executable, "-c", CONFIGURED_IN_CODE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout.startswith("2 The scheduler runs each job in a process"), result
+    assert "DJANGO_SETTINGS_MODULE" in result.stdout

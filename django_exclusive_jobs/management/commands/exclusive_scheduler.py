@@ -16,6 +16,7 @@ from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.lock.validation import resolve_alias
 from django_exclusive_jobs.management.output import QuietOnClosedPipe, line_printer
+from django_exclusive_jobs.run.forkserver import settings_reproducible
 from django_exclusive_jobs.run.registry import Job, all_jobs
 from django_exclusive_jobs.run.runner import EXIT_USAGE
 from django_exclusive_jobs.run.scheduler import Scheduler
@@ -83,6 +84,12 @@ class Command(QuietOnClosedPipe):
         problem = settings_error()
         if problem:
             raise CommandError(problem, returncode=EXIT_USAGE)
+        if not settings_reproducible():
+            raise CommandError(
+                "The scheduler runs each job in a process that loads the settings again: "
+                "give them as a module (DJANGO_SETTINGS_MODULE), not settings.configure().",
+                returncode=EXIT_USAGE,
+            )
         jobs = self._jobs(options["jobs"], options["exclude"])
         try:
             alias = resolve_alias(options["database"])
