@@ -192,7 +192,7 @@ def hold_through_outage(
 ) -> None:
     """Hold ``name`` with keep-alive through a database behind the test's proxy.
 
-    With ``through_runner`` the job runs as ``JobRunner`` runs it (history, release).
+    With ``through_runner`` the job runs as a ``Run`` runs it (history, release).
     Without, the worker takes the lock with ``try_acquire`` + keep-alive and releases it
     on the connection the outage broke.
     Sends ("acquired", token, monotonic) once holding, then ("finished", {...}).
@@ -201,7 +201,8 @@ def hold_through_outage(
     from django.db import connections
 
     from django_exclusive_jobs import signals, try_acquire
-    from django_exclusive_jobs.run.runner import JobRunner
+    from django_exclusive_jobs.run.registry import Job
+    from django_exclusive_jobs.run.runner import Run
 
     logger = logging.getLogger("django_exclusive_jobs")
     counter = _RetryCounter()
@@ -222,8 +223,8 @@ def hold_through_outage(
                 events.put(("acquired", lock.token, time.monotonic()))
                 report.update(_watch(lock, job_seconds))
 
-            runner = JobRunner(name, ttl=ttl, using=alias)
-            result = runner.run(target)
+            runner = Run(Job(name, target, ttl=ttl, using=alias))
+            result = runner.call(target)
             assert runner.lock is not None
             report.update(
                 status=result.status.value,

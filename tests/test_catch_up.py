@@ -15,8 +15,8 @@ from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.models import JobRun
 from django_exclusive_jobs.run.catchup import MAX_RECORDED, CatchUp, make_catch_up, plan
 from django_exclusive_jobs.run.decorator import exclusive_job
-from django_exclusive_jobs.run.registry import _jobs
-from django_exclusive_jobs.run.runner import JobRunner
+from django_exclusive_jobs.run.registry import Job, _jobs
+from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import Every, make_schedule
 from django_exclusive_jobs.run.status import RunStatus
 
@@ -129,14 +129,20 @@ def test_catch_up_needs_a_schedule() -> None:
 # --- starts on a real database: rows, signals, run_exclusive ----------------------------
 
 
-def hourly_runner(alias: str, policy: str) -> JobRunner:
-    return JobRunner(
+def hourly_runner(alias: str, policy: str) -> Run:
+    job = Job(
         "hourly_catch_up",
+        noop,
         using=alias,
         schedule=EVERY_HOUR,
         catch_up=CatchUp(policy),
         keepalive=False,
     )
+    return Run(job)
+
+
+def noop() -> None:
+    return None
 
 
 def seed_run(alias: str, name: str, slot: dt.datetime) -> None:
@@ -165,8 +171,8 @@ def test_late_start_records_each_missed_slot_once_and_signals_it(alias: str) -> 
 
     signals.slot_missed.connect(receiver)
     try:
-        ran = hourly_runner(alias, "latest").run(lambda lock: "done")
-        again = hourly_runner(alias, "latest").run(lambda lock: "twice?")
+        ran = hourly_runner(alias, "latest").call(lambda lock: "done")
+        again = hourly_runner(alias, "latest").call(lambda lock: "twice?")
     finally:
         signals.slot_missed.disconnect(receiver)
     assert ran.status == RunStatus.SUCCEEDED and again.status == RunStatus.SKIPPED
@@ -186,7 +192,7 @@ def test_skip_policy_late_start_runs_nothing_and_records_the_slot_missed(alias: 
     seed_run(alias, "hourly_catch_up", current - 2 * HOUR)
     late = database_now(alias) - current > dt.timedelta(seconds=30)
     calls: list[int] = []
-    result = hourly_runner(alias, "skip").run(lambda lock: calls.append(1))
+    result = hourly_runner(alias, "skip").call(lambda lock: calls.append(1))
     expected = {current - 2 * HOUR: "succeeded", current - HOUR: "missed"}
     if late:  # the current hour started more than the slot tolerance ago
         assert result.status == RunStatus.SKIPPED and calls == []

@@ -23,8 +23,8 @@ from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.models import JobLock, JobRun, JobState, RunRequest, Scheduler
 from django_exclusive_jobs.run import control
 from django_exclusive_jobs.run.catchup import CatchUp
-from django_exclusive_jobs.run.registry import _jobs
-from django_exclusive_jobs.run.runner import JobRunner
+from django_exclusive_jobs.run.registry import Job, _jobs
+from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import Every
 
 from .helpers import expire_now, other_holder
@@ -79,14 +79,15 @@ def test_slots_that_pass_while_paused_are_not_missed(alias: str) -> None:
         paused_at=current - 2 * HOUR - dt.timedelta(minutes=30),
         resumed_at=now,
     )
-    runner = JobRunner(
+    job = Job(
         "hourly_paused",
+        noop,
         using=alias,
         schedule=Every(period=HOUR),
         catch_up=CatchUp("latest"),
         keepalive=False,
     )
-    ran = runner.run(lambda lock: None)
+    ran = Run(job).call()
     assert ran.status == "skipped"  # the current slot began while it was paused
     rows = dict(
         JobRun.objects.using(alias).filter(name="hourly_paused").values_list("slot", "status")
@@ -132,9 +133,9 @@ def test_a_request_is_taken_by_one_run_only(alias: str) -> None:
     request = control.request_run("quick", by="carol", using=alias)
     calls: list[int] = []
     for _ in range(2):  # two servers' schedulers see the same request
-        runner = JobRunner("quick", using=alias, keepalive=False)
-        runner.request = RunRequest.objects.using(alias).get(pk=request.pk)
-        runner.run(lambda lock: calls.append(1))
+        job = Job("quick", noop, using=alias, keepalive=False)
+        taken = RunRequest.objects.using(alias).get(pk=request.pk)
+        Run(job, request=taken).call(lambda lock: calls.append(1))
     assert calls == [1]
     assert JobRun.objects.using(alias).filter(name="quick").count() == 1
 
@@ -368,3 +369,7 @@ def test_all_jobs_comes_first_under_the_app_on_the_admin_index() -> None:
     root = User.objects.create_superuser("root", password="pw")
     html = client_for(root).get(reverse("admin:index")).content.decode()
     assert html.index("All jobs") < html.index("Job locks") < html.index("Job runs")
+
+
+def noop() -> None:
+    return None

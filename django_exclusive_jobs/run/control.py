@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
-from .decorator import runner_for
 from .registry import get_job
-from .runner import RunResult
+from .runner import Run, RunResult
 
 if TYPE_CHECKING:
     from ..models import RunRequest
@@ -83,7 +82,4 @@ def run_now(
     """
     job = get_job(name)
     assert job is not None
-    runner = runner_for(job, using=using)
-    runner.requested_by = by[:255]
-    runner.report = report
-    return runner.run(lambda lock: job.call(None))
+    return Run(job.but(using=using), requested_by=by, report=report).call()

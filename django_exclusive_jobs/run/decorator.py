@@ -6,15 +6,12 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from asgiref.sync import sync_to_async
-
-from ..conf import app_settings
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.validation import validate_name, validate_timing
 from .catchup import make_catch_up
 from .registry import Job, register
-from .runner import JobRunner, RunResult
+from .runner import Run, RunResult
 from .schedules import make_schedule
 from .status import RunStatus
 from .tasks import enqueuer, is_task
@@ -148,8 +145,8 @@ def exclusive_job(
 def _sync_wrapper(job: Job) -> Callable[..., Any]:
     @functools.wraps(job.func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runner = runner_for(job)
-        result = runner.run(lambda lock: job.func(*args, **_with_slot(job, runner, kwargs)))
+        run = Run(job)
+        result = run.call(lambda lock: job.func(*args, **_with_slot(job, run, kwargs)))
         if result.status == RunStatus.SKIPPED:
             return _after_skip(job, result)
         return _returned(result)
@@ -158,48 +155,21 @@ def _sync_wrapper(job: Job) -> Callable[..., Any]:
 
 
 def _async_wrapper(job: Job) -> Callable[..., Any]:
-    """``JobRunner.run``'s lifecycle, step by step: the lock's statements block, so they
-    run in Django's sync thread, while the job is awaited here."""
-    start = sync_to_async(lambda runner: runner.start(), thread_sensitive=True)
-    finish = sync_to_async(lambda runner, result: runner.finish(result), thread_sensitive=True)
-
     @functools.wraps(job.func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        runner = runner_for(job)
-        started = await start(runner)
-        if isinstance(started, RunResult):
-            return _after_skip(job, started)
-        result = runner.begin(started)
-        try:
-            runner.ensure_lease_left(started)
-            result.value = await job.func(*args, **_with_slot(job, runner, kwargs))
-        except BaseException as exc:
-            runner.record(result, exc)
-        await finish(runner, result)
+        run = Run(job)
+        result = await run.acall(lambda lock: job.func(*args, **_with_slot(job, run, kwargs)))
+        if result.status == RunStatus.SKIPPED:
+            return _after_skip(job, result)
         return _returned(result)
 
     return wrapper
 
 
-def runner_for(job: Job, **overrides: Any) -> JobRunner:
-    settings: dict[str, Any] = {
-        "ttl": job.ttl,
-        "min_hold": job.min_hold,
-        "wait": job.wait,
-        "using": job.using,
-        "keepalive": app_settings.KEEPALIVE if job.keepalive is None else job.keepalive,
-        "schedule": job.schedule,
-        "retry_failed": job.retry_failed,
-        "catch_up": job.catch_up,
-    }
-    settings.update({key: value for key, value in overrides.items() if value is not None})
-    return JobRunner(job.name, **settings)
-
-
-def _with_slot(job: Job, runner: JobRunner, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _with_slot(job: Job, run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The caller's keyword arguments, plus ``slot`` if the function wants it."""
     if job.wants_slot and "slot" not in kwargs:
-        return {**kwargs, "slot": runner.slot}
+        return {**kwargs, "slot": run.job_slot}
     return kwargs
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -32,6 +32,17 @@ class Job:
     retry_failed: bool = False
     catch_up: CatchUp = field(default_factory=CatchUp)
     task: Any = None  # a django.tasks Task this job enqueues at each slot
+
+    def but(self, **changes: Any) -> Job:
+        """This job with some settings changed (a command line's options), checked as the
+        decorator checks them; a change of ``None`` leaves that setting as declared."""
+        from ..lock.validation import validate_timing
+
+        given = {key: value for key, value in changes.items() if value is not None}
+        if not given:
+            return self
+        validate_timing(given.get("ttl", self.ttl), given.get("min_hold", self.min_hold))
+        return replace(self, **given)
 
     @property
     def target(self) -> str:

@@ -1,34 +1,37 @@
-"""The run layer: take a job's lock, run it with keep-alive, say one line per decision.
+"""A run: take a job's lock, run it with keep-alive, say one line per decision.
 
-Used by ``@exclusive_job`` and ``manage.py run_exclusive``. The lock engine decides who
-holds a lock; this module decides what a run looks like: history, signals, log lines,
-how it ended, shutdown on SIGTERM/SIGINT, and exit codes.
+Used by ``@exclusive_job`` (sync and async), ``manage.py run_exclusive``, ``exclusive_jobs
+run`` and the scheduler. The lock engine decides who holds a lock; this module decides
+what a run looks like: history, signals, log lines, how it ended, shutdown on
+SIGTERM/SIGINT, and exit codes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
+from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
-from ..lock.durations import DurationLike
 from ..lock.errors import JobLockError, LockHeld, LockLost
 from ..lock.lock import Lock
 from . import history
-from .catchup import CatchUp
 from .child import ChildExit
-from .schedules import Schedule
+from .registry import Job
 from .shutdown import Interrupted
 from .status import RunStatus
 from .tasks import Enqueued
 
 if TYPE_CHECKING:
     from ..models import RunRequest
+    from .process import JobProcess, Outcome
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -71,69 +74,164 @@ class RunResult:
         return EXIT_FAILED
 
 
-@dataclass
-class JobRunner:
-    """Runs one job under its lock. One instance per run; not shared between threads.
+class Run:
+    """One run of a job, from take to finish. One instance per run; not shared between
+    threads. What it runs with is fixed when it is built: the job's settings (a
+    :class:`Job`, overridden by the command line with :meth:`Job.but`) and why it runs.
 
-    The lifecycle, shared by sync and async callers: :meth:`start` (take the lock, claim
-    the slot); :meth:`begin`; inside one ``try``, :meth:`ensure_lease_left` and the job,
-    with :meth:`record` for its exception; then :meth:`finish` (release, history, signals).
+    The life of a run, written once: :meth:`start` (take the lock, claim the slot,
+    account for missed slots), then the job executes, then :meth:`finish` (release,
+    history, signals). How the job executes is the caller's choice of method:
+    :meth:`call` (in this thread: a function, a management command or an external
+    program), :meth:`acall` (awaited), or :meth:`start_child` and :meth:`end_child` (a
+    process of its own, for the scheduler).
     """
 
-    name: str
-    ttl: DurationLike | None = None
-    min_hold: DurationLike | None = None
-    wait: DurationLike | None = None
-    using: str | None = None
-    keepalive: bool = True
-    # Called with each decision line and whether it is the normal path (True) or not.
-    report: Callable[[str, bool], None] | None = None
-    on_lost: Callable[[Lock], None] | None = None
-    schedule: Schedule | None = None
-    catch_up: CatchUp = field(default_factory=CatchUp)
-    retry_failed: bool = False
-    lock: Lock | None = field(default=None, init=False)
-    run_id: int | None = field(default=None, init=False)
-    in_job: bool = field(default=False, init=False)
-    pending_signal: int | None = field(default=None, init=False)
-    slot: dt.datetime | None = field(default=None, init=False)
-    more_due: bool = field(default=False, init=False)  # catch_up="all" has more to run
-    request: RunRequest | None = field(default=None, init=False)  # a run asked for now
-    requested_by: str = field(default="", init=False)  # a manual run started here
-    # The scheduler's due slot: the run never serves a slot before its time on the
-    # database's clock. ``early``: the lock came too early for it (nothing was claimed).
-    not_before: dt.datetime | None = field(default=None, init=False)
-    early: bool = field(default=False, init=False)
-    # Writes this run's end later, when the database could not be reached at its end.
-    unwritten_end: Callable[[], None] | None = field(default=None, init=False)
-    _started: float = field(default=0.0, init=False)
+    def __init__(
+        self,
+        job: Job,
+        *,
+        report: Callable[[str, bool], None] | None = None,
+        on_lost: Callable[[Lock], None] | None = None,
+        request: RunRequest | None = None,
+        requested_by: str = "",
+        not_before: dt.datetime | None = None,
+    ) -> None:
+        #: The job and its settings.
+        self.job = job
+        self.name = job.name
+        # Called with each decision line and whether it is the normal path (True) or not.
+        self.report = report
+        # Called (from keep-alive's thread) when the lock is found lost mid-run.
+        self.on_lost = on_lost
+        # Why it runs: its schedule (default), a run asked for now (``request``: from the
+        # admin, served by a scheduler; ``requested_by``: started here), and for the
+        # scheduler's starts, the due slot: never served before its time on the
+        # database's clock.
+        self.request = request
+        self.requested_by = requested_by[:255]
+        self.not_before = not_before
+        # What happened so far.
+        self.lock: Lock | None = None
+        self.run_id: int | None = None
+        self.slot: dt.datetime | None = None  # the slot it serves (None: a manual run)
+        self.more_due = False  # catch_up="all": more missed slots to run after this one
+        self.early = False  # the lock came too early for not_before: nothing was claimed
+        self.in_job = False
+        self.pending_signal: int | None = None
+        # Writes this run's end later, when the database could not be reached at its end.
+        self.unwritten_end: Callable[[], None] | None = None
+        self._started = 0.0
 
-    def run(self, target: Callable[[Lock], Any]) -> RunResult:
-        """Start, run ``target(lock)``, finish. The job's errors become the result."""
+    @property
+    def job_slot(self) -> dt.datetime | None:
+        """What a job function that takes ``slot`` is given: the slot this run serves; on
+        a manual run of a scheduled job, the slot its schedule would serve now."""
+        if self.slot is not None or self.job.schedule is None or self.lock is None:
+            return self.slot
+        acquired = self.lock.acquired_at
+        return self.job.schedule.slot_at(acquired) if acquired is not None else None
+
+    # --- how the job executes -----------------------------------------------------------
+
+    def call(self, target: Callable[[Lock], Any] | None = None) -> RunResult:
+        """Start, run ``target(lock)`` in this thread (default: the job's function),
+        finish. The job's errors become the result; KeyboardInterrupt and SystemExit are
+        raised again once the run is recorded."""
         started = self.start()
         if isinstance(started, RunResult):
             return started
         result = self.begin(started)
-        try:
-            self.in_job = True
-            if self.pending_signal is not None:  # arrived while taking the lock
-                raise Interrupted(self.pending_signal)
-            self.ensure_lease_left(started)
-            result.value = target(started)
-        except BaseException as exc:
-            self.record(result, exc)
-            if not isinstance(exc, (Exception, Interrupted)):
-                self.in_job = False
-                self.finish(result)
-                raise
-        finally:
-            self.in_job = False
+        with self._executing(result):
+            self._may_start(started)
+            result.value = target(started) if target else self.job.call(self.job_slot)
         self.finish(result)
         if self.pending_signal is not None and result.status != RunStatus.INTERRUPTED:
             # The signal came while the lock was being released: the job had ended, but
             # the process was still asked to stop.
             result.status, result.signum = RunStatus.INTERRUPTED, self.pending_signal
+        escaping = result.exception
+        if escaping is not None and not isinstance(escaping, (Exception, Interrupted)):
+            raise escaping
         return result
+
+    async def acall(self, target: Callable[[Lock], Awaitable[Any]]) -> RunResult:
+        """:meth:`call` for a coroutine: the lock's statements block, so they run in
+        Django's sync thread, while the job is awaited here."""
+        from asgiref.sync import sync_to_async
+
+        started = await sync_to_async(self.start, thread_sensitive=True)()
+        if isinstance(started, RunResult):
+            return started
+        result = self.begin(started)
+        with self._executing(result):
+            self._may_start(started)
+            result.value = await target(started)
+        await sync_to_async(self.finish, thread_sensitive=True)(result)
+        return result
+
+    def start_child(self, lock: Lock, *, grace: float) -> JobProcess | RunResult:
+        """Start the job in a process of its own; the ended result if it could not."""
+        from ..lock.keepalive import watchdog_margin
+        from .process import JobProcess
+
+        result = self.begin(lock)
+        with self._executing(result):
+            self._may_start(lock)
+            margin = watchdog_margin(lock.ttl.total_seconds())
+            child = JobProcess(
+                self.name, self.job_slot, grace=grace, deadline=lock.deadline, margin=margin
+            )
+            # Each renewal reaches the child's guard, which stops the job by itself when
+            # none comes in time.
+            lock.on_renewed = child.extend
+            child.extend(lock.deadline)  # a renewal may have come before the line above
+            return child
+        return self.finish(result)
+
+    def end_child(self, child: JobProcess, outcome: Outcome) -> RunResult:
+        """Record and finish the run whose process ended with ``outcome``."""
+        from .process import JobFailed
+
+        lock = self.lock
+        assert lock is not None
+        result = self.begin(lock)
+        result.value = ChildExit(outcome.returncode)
+        result.enqueued = outcome.enqueued
+        if outcome.lease_ended is not None:
+            self.record(result, LockLost(lock.name, lock.token, LEASE_ENDED))
+        elif outcome.error is not None:
+            self.record(result, outcome.error)
+        elif not lock.lost and (outcome.interrupted_by or child.stopped_by):
+            result.status = RunStatus.INTERRUPTED
+            result.signum = outcome.interrupted_by or child.stopped_by
+        elif not outcome.finished and not lock.lost:
+            self.record(result, JobFailed("ProcessDied", describe_exit(outcome.returncode)))
+        # The job's own end, not when the scheduler noticed it (a frozen one notices late).
+        return self.finish(result, ended=outcome.ended or outcome.lease_ended)
+
+    @contextmanager
+    def _executing(self, result: RunResult) -> Iterator[None]:
+        """Around the job's execution: whatever it raises is recorded in ``result``
+        (never raised from here)."""
+        self.in_job = True
+        try:
+            yield
+        except BaseException as exc:
+            self.record(result, exc)
+        finally:
+            self.in_job = False
+
+    def _may_start(self, lock: Lock) -> None:
+        """Raise if the job must not start: a stop asked for while the lock was being
+        taken, or a lease that ran out while the run was set up (writing the run row
+        waited on a slow database): another server may hold the lock by now."""
+        if self.pending_signal is not None:
+            raise Interrupted(self.pending_signal)
+        if not lock.held:
+            raise LockLost(lock.name, lock.token, "the lease ran out before the job started")
+
+    # --- the life of a run --------------------------------------------------------------
 
     def start(self) -> Lock | RunResult:
         """Take the lock and claim the run; a SKIPPED result if another has either.
@@ -144,10 +242,10 @@ class JobRunner:
         try:
             lock = acquire_or_raise(
                 self.name,
-                ttl=self.ttl,
-                min_hold=self.min_hold,
-                wait=self.wait,
-                using=self.using,
+                ttl=self.job.ttl,
+                min_hold=self.job.min_hold,
+                wait=self.job.wait,
+                using=self.job.using,
                 reentrant=False,
                 stop_waiting=lambda: self.pending_signal is not None,
             )
@@ -158,7 +256,8 @@ class JobRunner:
             return self._skipped(
                 f"held by {held.holder or '?'} until {until}", held.holder, held.expires_at
             )
-        if self.keepalive:  # from now: writing history may be slow (busy retries)
+        keepalive = app_settings.KEEPALIVE if self.job.keepalive is None else self.job.keepalive
+        if keepalive:  # from now: writing history may be slow (busy retries)
             lock.start_keepalive()
         try:
             skipped = self._claim(lock)
@@ -187,16 +286,6 @@ class JobRunner:
     def begin(self, lock: Lock) -> RunResult:
         """The result the job's run fills in."""
         return RunResult(self.name, RunStatus.SUCCEEDED, token=lock.token)
-
-    @staticmethod
-    def ensure_lease_left(lock: Lock) -> None:
-        """Refuse to start the job if setting up the run outlasted the lease.
-
-        Writing the run row may have waited on a slow or reconnecting database; by then
-        another server may hold the lock, so the job must not start.
-        """
-        if not lock.held:
-            raise LockLost(lock.name, lock.token, "the lease ran out before the job started")
 
     def record(self, result: RunResult, exc: BaseException) -> None:
         """Set the status a job's exception means."""
@@ -284,9 +373,9 @@ class JobRunner:
             lock,
             self.name,
             not_before=self.not_before,
-            schedule=self.schedule,
-            catch_up=self.catch_up,
-            retry_failed=self.retry_failed,
+            schedule=self.job.schedule,
+            catch_up=self.job.catch_up,
+            retry_failed=self.job.retry_failed,
             request=self.request,
             requested_by=self.requested_by,
         )
@@ -375,3 +464,35 @@ class JobRunner:
     def _lost_receiver(self, sender: Any, lock: Lock, reason: str, **kwargs: Any) -> None:
         if lock is self.lock and self.on_lost is not None:
             self.on_lost(lock)
+
+
+LEASE_ENDED = (
+    "no renewal reached the job's process before its lease could end (the scheduler was "
+    "frozen or could not reach the database): the job was stopped before the lease's end"
+)
+
+
+def describe_exit(returncode: int) -> str:
+    """Why a job's process ended before its function returned."""
+    if returncode < 0:
+        with suppress(ValueError):
+            return f"The job's process was killed by {signal.Signals(-returncode).name}."
+        return f"The job's process was killed by signal {-returncode}."
+    return f"The job's process exited with code {returncode} before the job returned."
+
+
+def call_each_due(make_run: Callable[[], Run]) -> RunResult:
+    """Run the job now in this thread, SIGTERM/SIGINT stopping it; under
+    ``catch_up="all"``, then each further missed slot in turn (as the scheduler does),
+    each a run of its own. The last run's result."""
+    from .shutdown import stop_on_signals
+
+    current = [make_run()]
+    with stop_on_signals(lambda signum: current[0].on_signal(signum)):
+        while True:
+            run = current[0]
+            result = run.call()
+            stopped = result.status == RunStatus.INTERRUPTED or run.pending_signal is not None
+            if stopped or not run.more_due:
+                return result
+            current[0] = make_run()

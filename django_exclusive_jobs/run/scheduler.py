@@ -2,7 +2,7 @@
 
 Every server runs the same scheduler. For each job with a schedule it sleeps until the
 job's next slot on the database's clock, then starts the job as a cron line would (a
-:class:`JobRunner`: take the lock, claim the slot, record the run). One server wins the
+:class:`Run`: take the lock, claim the slot, record the run). One server wins the
 slot and the others skip it. The winner runs the job in a child process
 (:class:`JobProcess`) and keeps the lease alive until the child exits.
 
@@ -26,18 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseClock
-from ..lock.errors import JobLockError, LockDatabaseError, LockLost
-from ..lock.keepalive import watchdog_margin
+from ..lock.errors import JobLockError, LockDatabaseError
+from ..lock.lock import Lock
 from ..lock.retry import run_statement
 from . import control
-from .child import ChildExit
-from .decorator import runner_for
 from .heartbeat import Heartbeat
-from .process import JobFailed, JobProcess, Outcome, shut_down, warm_up
+from .process import JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
-from .runner import JobRunner, RunResult
+from .runner import Run, RunResult
 from .shutdown import stop_on_signals
-from .status import RunStatus
 
 if TYPE_CHECKING:
     from ..models import RunRequest
@@ -49,10 +46,6 @@ REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one quer
 KILL_AFTER = 5.0  # seconds a job stopped at shutdown gets before SIGKILL
 LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
 PROBE_EVERY = 1.0  # seconds between two tries while the database is down
-LEASE_ENDED = (
-    "no renewal reached the job's process before its lease could end (the scheduler was "
-    "frozen or could not reach the database): the job was stopped before the lease's end"
-)  # the longest wait between two tries while the database is down
 
 
 @dataclass
@@ -60,8 +53,7 @@ class Active:
     """A run this scheduler started and whose child has not ended yet."""
 
     job: Job
-    runner: JobRunner
-    result: RunResult
+    run: Run
     process: JobProcess
 
 
@@ -113,8 +105,16 @@ class Scheduler:
         max_concurrent: int = 10,
         grace: float = 20.0,
         report: Callable[[str, bool], None] | None = None,
+        max_runs: int | None = None,
+        run_for: float | None = None,
     ) -> None:
         self.jobs = {job.name: job for job in jobs}
+        # Switches that let a test (or a one-off) drive it to completion: stop once
+        # ``max_runs`` runs started here have ended, or after ``run_for`` seconds.
+        self.max_runs = max_runs
+        self.run_for = run_for
+        self.ended_runs = 0
+        self.deadline = float("inf")  # monotonic
         # Jobs whose "run now" requests this scheduler serves (with or without a schedule).
         self.on_request = {
             job.name: job for job in (on_request if on_request is not None else jobs)
@@ -136,7 +136,7 @@ class Scheduler:
         self.unwritten: list[Callable[[], None]] = []  # run ends to write once it answers
         self.started_runs = 0
         self.stops = 0  # SIGTERM/SIGINT received
-        self.starting: JobRunner | None = None  # the runner of a start under way
+        self.starting: Run | None = None  # a start under way
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
 
@@ -148,8 +148,13 @@ class Scheduler:
         try:
             with stop_on_signals(self.stop):
                 self._begin()
+                if self.run_for is not None:
+                    self.deadline = time.monotonic() + self.run_for
                 while not self.stopping:
                     self._reap()
+                    if self._done():
+                        self.stop()
+                        break
                     self._keep_time()
                     self._start_requested()
                     self._start_due()
@@ -159,6 +164,10 @@ class Scheduler:
             os.close(self._wake_read)
             os.close(self._wake_write)
         return 0
+
+    def _done(self) -> bool:
+        enough = self.max_runs is not None and self.ended_runs >= self.max_runs
+        return enough or time.monotonic() >= self.deadline
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Take no new slot; let running jobs end within the grace (a second stop: now).
@@ -266,7 +275,7 @@ class Scheduler:
             return
         waiting = [due for name, due in self.due.items() if name not in self.running]
         full = len(self.running) >= self.max_concurrent
-        timeout = min(self.next_beat, self.next_poll) - time.monotonic()
+        timeout = min(self.next_beat, self.next_poll, self.deadline) - time.monotonic()
         if waiting and not full and not self.outage.ongoing:
             timeout = min(timeout, self.clock.seconds_until(min(waiting)) + 0.001)
         self._wait(max(0.0, timeout))
@@ -318,17 +327,20 @@ class Scheduler:
             self.starting = None
 
     def _start_one(self, job: Job, due: dt.datetime, request: RunRequest | None) -> None:
-        runner = runner_for(job)
-        self.starting = runner
-        runner.report = self.report
-        runner.request = request
-        # Never wait for a held lock: the loop must keep every other job's slots. The
-        # next try is the next slot (or the lease's end, with retry_failed).
-        runner.wait = None
-        # Never serve a slot before its time on the database's clock (ours is an estimate).
-        runner.not_before = due if request is None else None
+        run = Run(
+            # Never wait for a held lock: the loop must keep every other job's slots. The
+            # next try is the next slot (or the lease's end, with retry_failed).
+            job.but(wait=0),
+            report=self.report,
+            on_lost=self._lost,
+            request=request,
+            # Never serve a slot before its time on the database's clock (ours is an
+            # estimate).
+            not_before=due if request is None else None,
+        )
+        self.starting = run
         try:
-            started = runner.start()
+            started = run.start()
         except LockDatabaseError as exc:
             self._database_down(exc)  # still due: started once the database answers
             return
@@ -338,36 +350,30 @@ class Scheduler:
             return
         self.outage.ended()
         now = self.clock.now()
-        if runner.early:  # our estimate of the database's clock was off: read it again
+        if run.early:  # our estimate of the database's clock was off: read it again
             self.clock_doubtful, self.next_beat = True, 0.0
             return
         if isinstance(started, RunResult):  # skipped, or stopped before the claim
             if request is None:
                 self.due[job.name] = self._after_skip(job, started, max(now, due))
             return
-        result = runner.begin(started)
-        try:
-            runner.ensure_lease_left(started)
-            margin = watchdog_margin(started.ttl.total_seconds())
-            child = JobProcess(
-                job.name, runner.slot, grace=self.grace, deadline=started.deadline, margin=margin
-            )
-        except Exception as exc:  # the lease ran out, or no process could be started
-            runner.record(result, exc)
-            runner.finish(result)
+        child = run.start_child(started, grace=self.grace)
+        if isinstance(child, RunResult):  # the lease ran out, or no process could start
             self._next(job, request, self._following(job, max(now, due)))
             return
-        # A lost lock: SIGTERM, then SIGKILL within a second, before another server can
-        # take the lock over (the watchdog gives up ahead of the lease's end). Each renewal
-        # reaches the child's guard, which stops the job by itself when none comes in time.
-        runner.on_lost = lambda lock: child.stop(signal.SIGTERM, kill_after=LOST_KILL_AFTER)
-        started.on_renewed = child.extend
-        child.extend(started.deadline)  # a renewal may have come before the line above
-        self.running[job.name] = Active(job, runner, result, child)
+        self.running[job.name] = Active(job, run, child)
         self.started_runs += 1
-        slot = runner.slot or due
+        slot = run.slot or due
         # catch_up="all" with more missed slots: the next one as soon as this one ends.
-        self._next(job, request, slot if runner.more_due else self._following(job, slot))
+        self._next(job, request, slot if run.more_due else self._following(job, slot))
+
+    def _lost(self, lock: Lock) -> None:
+        """A running job's lock was found lost (keep-alive's thread): SIGTERM, then
+        SIGKILL within a second, before another server can take the lock over (the
+        watchdog gives up ahead of the lease's end)."""
+        active = self.running.get(lock.name)
+        if active is not None and active.run.lock is lock:
+            active.process.stop(signal.SIGTERM, kill_after=LOST_KILL_AFTER)
 
     def _next(self, job: Job, request: RunRequest | None, when: dt.datetime | None) -> None:
         """Set when ``job`` is due next (a run asked for now leaves it as it was)."""
@@ -394,6 +400,7 @@ class Scheduler:
             outcome = active.process.poll()
             if outcome is not None:
                 del self.running[name]
+                self.ended_runs += 1
                 try:
                     self._finish(active, outcome)
                 except Exception as exc:  # a job_finished receiver that raises, say
@@ -401,25 +408,10 @@ class Scheduler:
 
     def _finish(self, active: Active, outcome: Outcome) -> None:
         """Release, record and report a run whose child exited, as run_exclusive would."""
-        runner, result = active.runner, active.result
-        lock = runner.lock
-        assert lock is not None
-        result.value = ChildExit(outcome.returncode)
-        result.enqueued = outcome.enqueued
-        lost = lock.lost
-        if outcome.lease_ended is not None:
-            runner.record(result, LockLost(lock.name, lock.token, LEASE_ENDED))
-        elif outcome.error is not None:
-            runner.record(result, outcome.error)
-        elif not lost and (outcome.interrupted_by or active.process.stopped_by):
-            result.status = RunStatus.INTERRUPTED
-            result.signum = outcome.interrupted_by or active.process.stopped_by
-        elif not outcome.finished and not lost:
-            runner.record(result, JobFailed("ProcessDied", describe_exit(outcome.returncode)))
-        # The job's own end, not when this loop noticed it (a frozen scheduler notices late).
-        runner.finish(result, ended=outcome.ended or outcome.lease_ended)
-        if runner.unwritten_end is not None:
-            self.unwritten.append(runner.unwritten_end)
+        run = active.run
+        run.end_child(active.process, outcome)
+        if run.unwritten_end is not None:
+            self.unwritten.append(run.unwritten_end)
             self.next_beat = 0.0  # try at once; an outage makes it a probe each second
 
     def _shut_down(self) -> None:
@@ -462,12 +454,3 @@ def _beat_seconds() -> float:
     from ..models import Scheduler as SchedulerRow
 
     return SchedulerRow.BEAT.total_seconds()
-
-
-def describe_exit(returncode: int) -> str:
-    """Why a job's process ended before its function returned."""
-    if returncode < 0:
-        with suppress(ValueError):
-            return f"The job's process was killed by {signal.Signals(-returncode).name}."
-        return f"The job's process was killed by signal {-returncode}."
-    return f"The job's process exited with code {returncode} before the job returned."

@@ -18,9 +18,8 @@ from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError, LockDatabaseError
 from django_exclusive_jobs.management.output import QuietOnClosedPipe, line_printer
 from django_exclusive_jobs.run.child import ChildProgram
-from django_exclusive_jobs.run.decorator import runner_for
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
-from django_exclusive_jobs.run.runner import EXIT_DATABASE, EXIT_USAGE
+from django_exclusive_jobs.run.runner import EXIT_DATABASE, EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule
 from django_exclusive_jobs.run.shutdown import stop_on_signals
 from django_exclusive_jobs.run.status import RunStatus
@@ -136,23 +135,24 @@ class Command(QuietOnClosedPipe):
             raise CommandError("Give the job's NAME (or --list to see the jobs).", returncode=2)
         grace = self._check(options)
         job, target, child = self._target(name, program, extra)
-        runner = runner_for(job, **self._overrides(job, options))
-        runner.report = line_printer(self, logger, options["verbosity"])
+        try:
+            job = job.but(**self._overrides(job, options))
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        report = line_printer(self, logger, options["verbosity"])
         if child is not None:
             child.grace = grace
-            runner.on_lost = child.on_lost
         # With no logging configured, Python's last-resort handler would print every
         # warning a second time on stderr: the command's own line is the one shown.
         quiet = logging.NullHandler()
         logger.addHandler(quiet)
         try:
-            with stop_on_signals(child.on_signal if child is not None else runner.on_signal):
-                result = runner.run(target or (lambda lock: job.call(runner.slot)))
-                # catch_up="all": each missed slot in turn, as the scheduler does.
-                while runner.more_due and result.status != RunStatus.INTERRUPTED:
-                    runner = runner_for(job, **self._overrides(job, options))
-                    runner.report = line_printer(self, logger, options["verbosity"])
-                    result = runner.run(lambda lock: job.call(runner.slot))  # noqa: B023
+            if target is not None:  # a program or a management command
+                run = Run(job, report=report, on_lost=child.on_lost if child else None)
+                with stop_on_signals(child.on_signal if child is not None else run.on_signal):
+                    result = run.call(target)
+            else:  # catch_up="all": each missed slot in turn, as the scheduler does
+                result = call_each_due(lambda: Run(job, report=report))
         except LockConfigurationError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         except LockDatabaseError as exc:
