@@ -11,10 +11,11 @@ class ExclusiveJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from .checks import check_settings
+        from .checks import check_jobs, check_settings
         from .management import prepare_job_locks
         from .run.registry import autodiscover
 
         checks.register(check_settings)
+        checks.register(check_jobs)
         post_migrate.connect(prepare_job_locks, sender=self)
         autodiscover()

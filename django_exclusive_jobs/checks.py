@@ -1,4 +1,5 @@
-"""System checks for ``EXCLUSIVE_JOBS``: one ID per problem, each in docs/reference/checks."""
+"""System checks for ``EXCLUSIVE_JOBS`` and the jobs' declarations: one ID per problem, each
+in docs/reference/checks."""
 
 from __future__ import annotations
 
@@ -46,12 +47,33 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return messages
 
 
-def settings_error() -> str | None:
-    """The first serious problem with the settings, as one line (for the commands, which
-    run only this app's checks: a cron line starts fast, and an operator's command must
-    work while another app's check fails)."""
-    errors = [message for message in check_settings() if message.is_serious()]
-    return f"{errors[0].msg} ({errors[0].id})" if errors else None
+def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """The ``jobs`` modules that raised when Django started (see ``autodiscover``)."""
+    from .run.registry import startup_problems
+
+    return [
+        Error(
+            str(problem),
+            hint="Fix the declaration: until then the jobs of this module are not "
+            "registered and the commands of django_exclusive_jobs refuse to run (exit 2).",
+            id=PREFIX + "E014",
+        )
+        for problem in startup_problems
+    ]
+
+
+def configuration_error() -> str | None:
+    """The first serious problem with the settings or the jobs' declarations, as one line.
+
+    For the commands, which run only this app's checks (a cron line starts fast, and an
+    operator's command must work while another app's check fails) and refuse to run on
+    an error, so that nothing runs half-configured.
+    """
+    errors = [message for message in check_settings() + check_jobs() if message.is_serious()]
+    if not errors:
+        return None
+    more = f" And {len(errors) - 1} more: 'manage.py check' lists them." if errors[1:] else ""
+    return f"{errors[0].msg} ({errors[0].id}){more}"
 
 
 def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:

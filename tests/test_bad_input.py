@@ -2,8 +2,7 @@
 
 Every case must exit with the documented code (2 for usage and configuration errors)
 after one clear line on stderr and no traceback, having run nothing and written no lock
-or run row. Errors argparse finds itself come after its usage block, as with every
-Django command; the block is not counted as the complaint.
+or run row. Errors argparse finds itself are its one line too (no usage block).
 """
 
 from __future__ import annotations
@@ -216,13 +215,13 @@ CASES = [
     ),
 ]
 
-# Where discovery itself fails, django.setup() raises before the command exists, as for
-# a broken admin.py: Python prints the traceback and exits 1. Pinned as it is, and
-# reported: the epilog promises 2 for configuration errors.
+# Where discovery fails, Django still starts (see autodiscover()); the command refuses
+# with the problem's one line (check E014), naming the job and where it is declared.
 STARTUP_FAILURES = [
     pytest.param(
         settings_with("", jobs="raise ImportError('No module named reportlab')\n"),
-        "ImportError: No module named reportlab",
+        "CommandError: extrajobs/jobs.py:1: ImportError: No module named reportlab "
+        "(django_exclusive_jobs.E014)",
         id="jobs-module-import-error",
     ),
     pytest.param(
@@ -231,7 +230,8 @@ STARTUP_FAILURES = [
             jobs="from django_exclusive_jobs import exclusive_job\n\n"
             "@exclusive_job('report', ttl=-1)\ndef report():\n    pass\n",
         ),
-        "django_exclusive_jobs.lock.errors.LockConfigurationError: ttl must be positive, got -1s.",
+        "CommandError: Job 'report' (extrajobs/jobs.py:3): ttl must be positive, got -1s. "
+        "(django_exclusive_jobs.E014)",
         id="jobs-module-bad-decorator",
     ),
 ]
@@ -298,15 +298,14 @@ def test_bad_input_exits_2_with_one_line_and_runs_nothing(
     assert_nothing_happened(alias, marker)
 
 
-@pytest.mark.parametrize(("prepare", "last_line"), STARTUP_FAILURES)
-def test_jobs_module_that_fails_at_startup_exits_1_with_its_traceback(
-    alias: str, tmp_path: Path, prepare: Prepare, last_line: str
+@pytest.mark.parametrize(("prepare", "line"), STARTUP_FAILURES)
+def test_jobs_module_that_fails_at_startup_exits_2_with_one_line(
+    alias: str, tmp_path: Path, prepare: Prepare, line: str
 ) -> None:
     marker = tmp_path / "marker.txt"
     result = run_command(alias, Case(("quick",), "", prepare=prepare), tmp_path, marker)
-    assert result.returncode == 1, result.stderr
-    assert result.stderr.startswith("Traceback")
-    assert result.stderr.strip().splitlines()[-1] == last_line
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [line]
     assert_nothing_happened(alias, marker)
 
 

@@ -1,38 +1,12 @@
-"""What the app's commands print: quiet on a closed pipe, one line per decision."""
+"""What the app's commands print: one line per decision, shown once."""
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
-
-
-class QuietOnClosedPipe(BaseCommand):
-    """A command of this app: its ``epilog`` (exit codes) shown as written under --help,
-    no abbreviated options (an old --force must not pass as --force-color), and output
-    that may be piped into ``head``: a closed pipe ends it quietly."""
-
-    epilog = ""
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        kwargs.setdefault("epilog", self.epilog)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        kwargs.setdefault("allow_abbrev", False)
-        return super().create_parser(prog_name, subcommand, **kwargs)
-
-    def execute(self, *args: Any, **options: Any) -> Any:
-        try:
-            return super().execute(*args, **options)
-        except BrokenPipeError:
-            # The reader went away (``| head``): nothing is wrong, so exit 0 without a
-            # traceback, and point stdout at /dev/null so the final flush cannot fail.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(0)
+from django.core.management.base import BaseCommand
 
 
 def shown_by_logging(logger: logging.Logger, level: int) -> bool:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import traceback
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
+from importlib import import_module
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Any
 
+from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import autodiscover_modules
+from django.utils.module_loading import module_has_submodule
 
 from ..lock.durations import DurationLike
+from ..lock.errors import LockConfigurationError
 from .catchup import CatchUp
 from .schedules import Schedule
 
@@ -89,6 +96,75 @@ def all_jobs() -> list[Job]:
     return sorted(_jobs.values(), key=lambda job: job.name)
 
 
+@dataclass(frozen=True)
+class StartupProblem:
+    """A ``jobs`` module that raised on import (a bad ``cron=``, ``every=`` or ``ttl=``, a
+    duplicate name, an import error), as one line naming the job, when known, and where."""
+
+    job: str | None
+    file: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        if self.job is None:
+            return f"{where}: {self.message}"
+        return f"Job {self.job!r} ({where}): {self.message}"
+
+
+PACKAGE = __name__.partition(".")[0] + "."
+
+# What autodiscover() could not import: the system check E014 reports it, and every
+# command of this app refuses to run while it is not empty.
+startup_problems: list[StartupProblem] = []
+
+
 def autodiscover() -> None:
-    """Import the ``jobs`` module of every installed app, as the admin does for ``admin``."""
-    autodiscover_modules("jobs")
+    """Import the ``jobs`` module of every installed app, as the admin does for ``admin``.
+
+    A module that raises stops neither ``django.setup()`` (the site, ``migrate`` and
+    ``check`` keep working) nor the other apps' modules: its problem goes to
+    ``startup_problems`` and the jobs it had registered are taken out again.
+    """
+    startup_problems.clear()
+    for app_config in apps.get_app_configs():
+        if not module_has_submodule(app_config.module, "jobs"):
+            continue
+        module = f"{app_config.name}.jobs"
+        before = dict(_jobs)
+        try:
+            import_module(module)
+        except Exception as exc:
+            _jobs.clear()
+            _jobs.update(before)
+            startup_problems.append(_problem(module, exc))
+
+
+def _problem(module: str, exc: Exception) -> StartupProblem:
+    """What went wrong in ``module``: the job being declared, the file and line."""
+    spec = find_spec(module)
+    file = spec.origin if spec is not None and spec.origin else module
+    line = exc.lineno if isinstance(exc, SyntaxError) else None
+    job: str | None = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == file:
+            line = lineno  # the module's deepest line: the decorator, the import
+        # The first of our frames knows the job: @exclusive_job(name, ...) was given its
+        # name, register() its Job.
+        if job is None and frame.f_globals.get("__name__", "").startswith(PACKAGE):
+            given = frame.f_locals.get("job", frame.f_locals.get("name"))
+            job = (
+                given.name if isinstance(given, Job) else given if isinstance(given, str) else None
+            )
+    message = " ".join(str(exc).split())
+    if not isinstance(exc, (LockConfigurationError, ImproperlyConfigured)):
+        message = f"{type(exc).__name__}: {message}"  # not our words: say what it is
+    return StartupProblem(job, _shown(file), line, message)
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the current directory when it is below it."""
+    with suppress(ValueError):
+        return str(Path(path).relative_to(Path.cwd()))
+    return path

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import socket
 import sys
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.health import Overview, overview
-from django_exclusive_jobs.lock.errors import JobLockError, LockConfigurationError
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
-from django_exclusive_jobs.management.output import QuietOnClosedPipe
+from django_exclusive_jobs.management.base import JobCommand
+from django_exclusive_jobs.management.output import line_printer
 from django_exclusive_jobs.run import control
 from django_exclusive_jobs.run.registry import get_job
 
@@ -26,15 +26,18 @@ pause / resume NAME: persisted; a paused job's starts skip (exit 0) until resume
 run NAME: run the job once now, here, under its lock (recorded as a manual run).
 
 exit codes: 0 all well (or done); 1 --check found problems, or run NAME failed or its
-lock is held; 2 usage error (unknown job); 3 the database cannot be reached; run NAME
-also exits as run_exclusive does: 4 the lock was lost, 128+N stopped by signal N.
+lock is held; 2 usage or configuration error (unknown job, migrations not applied);
+3 the database cannot be reached; run NAME also exits as run_exclusive does: 4 the lock
+was lost, 128+N stopped by signal N.
 """
 
 
-class Command(QuietOnClosedPipe):
+logger = logging.getLogger("django_exclusive_jobs")
+
+
+class Command(JobCommand):
     epilog = EPILOG
     help = "List jobs and their health; pause, resume or run one now."
-    requires_system_checks: list[str] = []  # only this app's, in handle()
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -49,14 +52,8 @@ class Command(QuietOnClosedPipe):
         parser.add_argument("--by", help="who asks (default: user@host of this shell)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        problem = settings_error()
-        if problem:
-            raise CommandError(problem, returncode=2)
-        try:
-            using = resolve_alias(options["database"])
-            check_outside_transaction(using)
-        except LockConfigurationError as exc:
-            raise CommandError(str(exc), returncode=2) from exc
+        using = resolve_alias(options["database"])
+        check_outside_transaction(using)
         action, name = options["action"], options["name"]
         if action == "list":
             if name:
@@ -70,23 +67,20 @@ class Command(QuietOnClosedPipe):
                 f"Unknown job {name!r}: 'manage.py exclusive_jobs' lists the jobs.", returncode=2
             )
         who = options["by"] or f"{getpass.getuser()}@{socket.gethostname()}"
-        try:
-            if action == "pause":
-                control.pause(name, by=who, using=using)
-                self.stdout.write(f"paused {name}: its starts skip until it is resumed")
-            elif action == "resume":
-                control.resume(name, by=who, using=using)
-                self.stdout.write(f"resumed {name}")
-            else:
-                self._run(name, who, using)
-        except JobLockError as exc:
-            raise CommandError(str(exc), returncode=3) from exc
+        if action == "pause":
+            control.pause(name, by=who, using=using)
+            self.stdout.write(f"paused {name}: its starts skip until it is resumed")
+        elif action == "resume":
+            control.resume(name, by=who, using=using)
+            self.stdout.write(f"resumed {name}")
+        else:
+            report = line_printer(self, logger, options["verbosity"])
+            result = control.run_now(name, by=who, using=using, report=report)
+            if result.exit_code or result.status == "skipped":
+                sys.exit(result.exit_code or 1)
 
     def _list(self, using: str, *, as_json: bool, check: bool) -> None:
-        try:
-            jobs = run_statement(using, lambda: overview(using))
-        except JobLockError as exc:
-            raise CommandError(str(exc), returncode=3) from exc
+        jobs = run_statement(using, lambda: overview(using))
         if as_json:
             self.stdout.write(json.dumps(jobs.as_dict(), indent=2))
         elif check:
@@ -126,11 +120,3 @@ class Command(QuietOnClosedPipe):
         if not jobs.schedulers_alive and jobs.last_beat is not None:
             alive = f"no scheduler alive since {jobs.last_beat.isoformat(timespec='seconds')}"
         self.stdout.write(f"{alive}; {len(jobs.problems)} problem(s)")
-
-    def _run(self, name: str, who: str, using: str) -> None:
-        result = control.run_now(name, by=who, using=using, report=self._say)
-        if result.exit_code or result.status == "skipped":
-            sys.exit(result.exit_code or 1)
-
-    def _say(self, line: str, normal: bool) -> None:
-        (self.stdout if normal else self.stderr).write(line)

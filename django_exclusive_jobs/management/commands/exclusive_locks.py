@@ -7,24 +7,22 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.lock.clock import database_now
-from django_exclusive_jobs.lock.errors import JobLockError, LockConfigurationError
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
-from django_exclusive_jobs.management.output import QuietOnClosedPipe
+from django_exclusive_jobs.management.base import JobCommand
 from django_exclusive_jobs.models import JobLock, LockState
 
 EPILOG = """\
 list (the default) shows every lock; force-release frees a lock whoever holds it.
 exit codes: 0 done; 1 refused (a held lock without --live) or no such lock;
-2 usage error; 3 the database cannot be reached.
+2 usage or configuration error (an unknown database alias, migrations not applied);
+3 the database cannot be reached.
 """
 
 
-class Command(QuietOnClosedPipe):
+class Command(JobCommand):
     epilog = EPILOG
-    requires_system_checks: list[str] = []  # only this app's, in handle()
     help = "List job locks and their state; force-release stale ones (held ones need --live)."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -42,28 +40,21 @@ class Command(QuietOnClosedPipe):
         parser.add_argument("--database", help="database alias of the lock table")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        problem = settings_error()
-        if problem:
-            raise CommandError(problem, returncode=2)
         action, name, stale = options["action"], options["name"], options["stale"]
         if action == "list" and name is not None:
             raise CommandError(f"list takes no NAME (got {name!r}).", returncode=2)
         if action == "force-release" and (name is None) == (not stale):
             raise CommandError("force-release takes a NAME or --stale (one of them).", returncode=2)
-        try:
-            alias = resolve_alias(options["database"])
-            check_outside_transaction(alias)
-            if action == "list":
-                self._list(alias, stale=stale, as_json=options["json"])
-            elif stale:
-                locks = JobLock.objects.using(alias).stale()
-                count = run_statement(alias, locks.force_release)
-                self.stdout.write(f"force-released {count} stale lock(s)")
-            else:
-                self._force_release(alias, name, live=options["live"])
-        except JobLockError as exc:
-            code = 2 if isinstance(exc, LockConfigurationError) else 3
-            raise CommandError(str(exc), returncode=code) from exc
+        alias = resolve_alias(options["database"])
+        check_outside_transaction(alias)
+        if action == "list":
+            self._list(alias, stale=stale, as_json=options["json"])
+        elif stale:
+            locks = JobLock.objects.using(alias).stale()
+            count = run_statement(alias, locks.force_release)
+            self.stdout.write(f"force-released {count} stale lock(s)")
+        else:
+            self._force_release(alias, name, live=options["live"])
 
     def _force_release(self, alias: str, name: str, *, live: bool) -> None:
         locks = JobLock.objects.using(alias)

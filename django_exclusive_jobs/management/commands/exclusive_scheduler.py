@@ -11,11 +11,9 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
-from django_exclusive_jobs.checks import settings_error
-from django_exclusive_jobs.lock.durations import parse_duration
-from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.lock.validation import resolve_alias
-from django_exclusive_jobs.management.output import QuietOnClosedPipe, line_printer
+from django_exclusive_jobs.management.base import JobCommand, duration_option
+from django_exclusive_jobs.management.output import line_printer
 from django_exclusive_jobs.run.forkserver import settings_reproducible
 from django_exclusive_jobs.run.registry import Job, all_jobs
 from django_exclusive_jobs.run.runner import EXIT_USAGE
@@ -31,18 +29,10 @@ Each run happens in a child process; its lock, history and log lines are those o
 
 exit codes:
   0    stopped by SIGTERM or SIGINT (running jobs got --grace to end)
-  2    usage or configuration error (unknown job, no scheduled job, bad option)
+  2    usage or configuration error (unknown job, no scheduled job, bad option,
+       migrations not applied)
+A database that cannot be reached is waited for (one line on stderr), not an exit.
 """
-
-
-def _duration(value: str) -> float:
-    try:
-        seconds = parse_duration(value, what="--grace").total_seconds()
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds < 0:
-        raise argparse.ArgumentTypeError("--grace must not be negative.")
-    return seconds
 
 
 def _positive(value: str) -> int:
@@ -55,10 +45,9 @@ def _positive(value: str) -> int:
     return number
 
 
-class Command(QuietOnClosedPipe):
+class Command(JobCommand):
     epilog = EPILOG
     help = "Run every job that has a schedule, each slot once across all servers running this."
-    requires_system_checks: list[str] = []  # only this app's, in handle()
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--jobs", nargs="+", metavar="NAME", help="serve only these jobs")
@@ -74,16 +63,13 @@ class Command(QuietOnClosedPipe):
         )
         parser.add_argument(
             "--grace",
-            type=_duration,
-            default=20.0,
+            type=duration_option("--grace"),
+            default="20s",
             help="on SIGTERM/SIGINT, how long running jobs may take to end before they are "
             "stopped (default 20s; keep it under your platform's kill timeout)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        problem = settings_error()
-        if problem:
-            raise CommandError(problem, returncode=EXIT_USAGE)
         if not settings_reproducible():
             raise CommandError(
                 "The scheduler runs each job in a process that loads the settings again: "
@@ -91,10 +77,7 @@ class Command(QuietOnClosedPipe):
                 returncode=EXIT_USAGE,
             )
         jobs = self._jobs(options["jobs"], options["exclude"])
-        try:
-            alias = resolve_alias(options["database"])
-        except LockConfigurationError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        alias = resolve_alias(options["database"])
         if options["database"]:
             jobs = [replace(job, using=alias) for job in jobs]
         # Runs asked for now: every job this scheduler may run (with --jobs, only those).
@@ -111,20 +94,13 @@ class Command(QuietOnClosedPipe):
             on_request=on_request,
             using=alias,
             max_concurrent=options["max_concurrent"],
-            grace=options["grace"],
+            grace=options["grace"].total_seconds(),
             # At verbosity 1, a server's skips (another server ran the slot) are left out.
             report=line_printer(self, logger, options["verbosity"], skips=False),
         )
-        # With no logging configured, Python's last-resort handler would print every
-        # warning a second time on stderr: the command's own line is the one shown.
-        quiet = logging.NullHandler()
-        logger.addHandler(quiet)
         try:
             code = scheduler.run()
-        except LockConfigurationError as exc:  # e.g. migrations not applied
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
         finally:
-            logger.removeHandler(quiet)
             connections.close_all()
         if code:
             sys.exit(code)

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandParser
 
-from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.conf import app_settings
 from django_exclusive_jobs.lock.durations import parse_duration
-from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.lock.validation import resolve_alias
-from django_exclusive_jobs.management.output import QuietOnClosedPipe
+from django_exclusive_jobs.management.base import JobCommand, duration_option
 from django_exclusive_jobs.run.history import prune_runs
 
+EPILOG = """\
+exit codes: 0 done; 2 usage or configuration error (a bad duration or database alias,
+migrations not applied); 3 the database cannot be reached.
+"""
 
-class Command(QuietOnClosedPipe):
-    requires_system_checks: list[str] = []  # only this app's, in handle()
+
+class Command(JobCommand):
+    epilog = EPILOG
     help = (
         "Delete finished job runs older than --older-than (default EXCLUSIVE_JOBS['KEEP_RUNS'])."
         " Never deletes a running run, a job's last run, or the run that marks a job's"
@@ -24,23 +27,18 @@ class Command(QuietOnClosedPipe):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", help="e.g. 30d, 12h (default: KEEP_RUNS)")
+        parser.add_argument(
+            "--older-than",
+            type=duration_option("--older-than"),
+            help="e.g. 30d, 12h (default: KEEP_RUNS)",
+        )
         parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
         parser.add_argument("--database", help="database alias of the run table")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        problem = settings_error()
-        if problem:
-            raise CommandError(problem, returncode=2)
-        try:
-            older_than = parse_duration(
-                options["older_than"] or app_settings.KEEP_RUNS, what="--older-than"
-            )
-            alias = resolve_alias(options["database"])
-        except LockConfigurationError as exc:
-            raise CommandError(str(exc), returncode=2) from exc
-        if older_than.total_seconds() < 0:
-            raise CommandError("--older-than must not be negative.", returncode=2)
+        given = options["older_than"]  # parsed by its type=, unless call_command() passed it
+        older_than = parse_duration(app_settings.KEEP_RUNS if given is None else given)
+        alias = resolve_alias(options["database"])
         count = prune_runs(older_than, using=alias, dry_run=options["dry_run"])
         verb = "would delete" if options["dry_run"] else "deleted"
         if options["verbosity"] >= 1:

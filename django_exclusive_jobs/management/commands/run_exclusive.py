@@ -13,13 +13,12 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
-from django_exclusive_jobs.checks import settings_error
 from django_exclusive_jobs.lock.durations import parse_duration
-from django_exclusive_jobs.lock.errors import LockConfigurationError, LockDatabaseError
-from django_exclusive_jobs.management.output import QuietOnClosedPipe, line_printer
+from django_exclusive_jobs.management.base import JobCommand
+from django_exclusive_jobs.management.output import line_printer
 from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
-from django_exclusive_jobs.run.runner import EXIT_DATABASE, EXIT_USAGE, Run, call_each_due
+from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule
 from django_exclusive_jobs.run.shutdown import stop_on_signals
 from django_exclusive_jobs.run.status import RunStatus
@@ -48,10 +47,10 @@ def _duration(value: str) -> str:
     return value
 
 
-class Command(QuietOnClosedPipe):
+class Command(JobCommand):
     epilog = EPILOG
     help = "Run a job, management command or program on exactly one server at a time."
-    requires_system_checks: list[str] = []  # only ours run, below: a cron job starts fast
+    unreachable_note = "The job was not run."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="the job (and lock) name")
@@ -135,10 +134,7 @@ class Command(QuietOnClosedPipe):
             raise CommandError("Give the job's NAME (or --list to see the jobs).", returncode=2)
         grace = self._check(options)
         job, target, child = self._target(name, program, extra)
-        try:
-            job = job.but(**self._overrides(job, options))
-        except LockConfigurationError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        job = job.but(**self._overrides(job, options))
         report = line_printer(self, logger, options["verbosity"])
         if child is not None:
             child.grace = grace
@@ -153,10 +149,6 @@ class Command(QuietOnClosedPipe):
                     result = run.call(target)
             else:  # catch_up="all": each missed slot in turn, as the scheduler does
                 result = call_each_due(lambda: Run(job, report=report))
-        except LockConfigurationError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
-        except LockDatabaseError as exc:
-            raise CommandError(f"{exc} The job was not run.", returncode=EXIT_DATABASE) from exc
         finally:
             logger.removeHandler(quiet)
         if result.status == RunStatus.SKIPPED:
@@ -167,10 +159,7 @@ class Command(QuietOnClosedPipe):
             sys.exit(code)
 
     def _check(self, options: dict[str, Any]) -> float:
-        """Refuse bad settings and options before anything runs; the grace in seconds."""
-        problem = settings_error()
-        if problem:
-            raise CommandError(problem, returncode=EXIT_USAGE)
+        """Refuse bad options before anything runs; the grace in seconds."""
         if not 0 <= options["skipped_exit_code"] <= 255:
             raise CommandError("--skipped-exit-code must be between 0 and 255.", returncode=2)
         grace = parse_duration(options["grace"]).total_seconds()
@@ -187,15 +176,12 @@ class Command(QuietOnClosedPipe):
             "using": options["database"],
             "keepalive": options["keepalive"],
         }
-        try:
-            overrides["schedule"] = make_schedule(
-                every=options["every"],
-                cron=options["cron"],
-                timezone=options["timezone"],
-                tolerance=options["slot_tolerance"],
-            )
-        except LockConfigurationError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        overrides["schedule"] = make_schedule(
+            every=options["every"],
+            cron=options["cron"],
+            timezone=options["timezone"],
+            tolerance=options["slot_tolerance"],
+        )
         if options["retry_failed"]:
             if overrides["schedule"] is None and job.schedule is None:
                 raise CommandError(

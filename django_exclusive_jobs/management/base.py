@@ -1,0 +1,103 @@
+"""The base of this app's commands: one error contract, written once.
+
+Each command parses its arguments, calls the library and prints; what goes wrong ends it
+here, with one line on standard error and the exit code of its kind (the table in
+docs/reference/commands.md):
+
+- 2: a bad option value or usage (argparse's one line), an error in the settings or in
+  a job's declaration found at start-up, an unknown job or database alias, migrations
+  not applied (``LockConfigurationError``);
+- 3: the database cannot be reached (``LockDatabaseError``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ..checks import configuration_error
+from ..lock.durations import parse_duration
+from ..lock.errors import LockConfigurationError, LockDatabaseError
+from ..run.runner import EXIT_DATABASE, EXIT_USAGE
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+
+class JobCommand(BaseCommand):
+    """A command of this app.
+
+    Before ``handle()``: refuses to run, with one line and exit 2, while the settings or
+    a job's declaration has an error (only this app's checks run: a cron start stays
+    quick, and an operator's command works while another app's check fails). Around it:
+    maps the library's errors to their exit code and one line, keeps Python's
+    last-resort handler from printing the library's log lines a second time (the
+    command prints its own), and ends quietly on a closed pipe (``| head``). Its
+    ``epilog`` (exit codes) is shown under --help as written, and options are never
+    abbreviated (an old --force must not pass as --force-color).
+    """
+
+    epilog = ""
+    requires_system_checks: list[str] = []  # this app's own run in execute()
+    # Said after "the database cannot be reached", e.g. "The job was not run."
+    unreachable_note = ""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        kwargs.setdefault("epilog", self.epilog)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = OneLineErrors  # Django builds the parser; only error() differs
+        return parser
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        problem = configuration_error()
+        if problem:
+            raise CommandError(problem, returncode=EXIT_USAGE)
+        quiet = logging.NullHandler()
+        logger.addHandler(quiet)
+        try:
+            return super().execute(*args, **options)
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from exc
+        except LockDatabaseError as exc:
+            line = f"{exc} {self.unreachable_note}".rstrip()
+            raise CommandError(line, returncode=EXIT_DATABASE) from exc
+        except BrokenPipeError:
+            # The reader went away (``| head``): nothing is wrong, so exit 0 without a
+            # traceback, and point stdout at /dev/null so the final flush cannot fail.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
+        finally:
+            logger.removeHandler(quiet)
+
+
+class OneLineErrors(CommandParser):
+    """A bad argument on the command line is one line and exit 2, without the usage
+    block before it (``--help`` shows that)."""
+
+    def error(self, message: str) -> NoReturn:
+        if not self.called_from_command_line:
+            super().error(message)  # raises CommandError for call_command()
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def duration_option(option: str) -> Callable[[str], dt.timedelta]:
+    """argparse ``type=`` of ``option``: a duration that is not negative."""
+
+    def parse(value: str) -> dt.timedelta:
+        try:
+            parsed = parse_duration(value, what=option)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if parsed < dt.timedelta(0):
+            raise argparse.ArgumentTypeError(f"{option} must not be negative.")
+        return parsed
+
+    return parse
