@@ -130,6 +130,7 @@ class Scheduler:
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
         self.running: dict[str, Active] = {}
         self.stopping = False
+        self.began = False  # reached the database once: its heartbeat row exists
         self.stop_signal: int | None = None
         self.next_beat = 0.0  # monotonic
         self.clock_doubtful = False  # a start found the database's clock behind our estimate
@@ -194,6 +195,7 @@ class Scheduler:
                 self._pause(self.outage.failed(exc))
                 continue
             self.outage.ended()
+            self.began = True
             self.next_beat = time.monotonic() + _beat_seconds()
             warm_up()
             self.say(
@@ -437,7 +439,8 @@ class Scheduler:
         except LockDatabaseError as exc:
             self.say(f"could not record the end of {len(self.unwritten)} run(s): {exc}", False)
         try:
-            self.heartbeat.stopped()
+            if self.began:  # a scheduler that never reached the database has no row
+                self.heartbeat.stopped()
         except LockDatabaseError as exc:
             self.say(f"could not mark this scheduler stopped: {exc}", False)
         shut_down()

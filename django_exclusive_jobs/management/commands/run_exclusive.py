@@ -138,19 +138,12 @@ class Command(JobCommand):
         report = line_printer(self, logger, options["verbosity"])
         if child is not None:
             child.grace = grace
-        # With no logging configured, Python's last-resort handler would print every
-        # warning a second time on stderr: the command's own line is the one shown.
-        quiet = logging.NullHandler()
-        logger.addHandler(quiet)
-        try:
-            if target is not None:  # a program or a management command
-                run = Run(job, report=report, on_lost=child.on_lost if child else None)
-                with stop_on_signals(child.on_signal if child is not None else run.on_signal):
-                    result = run.call(target)
-            else:  # catch_up="all": each missed slot in turn, as the scheduler does
-                result = call_each_due(lambda: Run(job, report=report))
-        finally:
-            logger.removeHandler(quiet)
+        if target is not None:  # a program or a management command
+            run = Run(job, report=report, on_lost=child.on_lost if child else None)
+            with stop_on_signals(child.on_signal if child is not None else run.on_signal):
+                result = run.call(target)
+        else:  # catch_up="all": each missed slot in turn, as the scheduler does
+            result = call_each_due(lambda: Run(job, report=report))
         if result.status == RunStatus.SKIPPED:
             code = options["skipped_exit_code"]
         else:
