@@ -2,41 +2,57 @@
 ``manage.py exclusive_jobs`` (and its ``--check``) and the optional health view.
 
 :func:`overview` reads everything in a fixed number of queries, whatever the number of
-jobs and runs, all judged on the database's clock.
+jobs and runs, on the database's clock. The states it reads (a lock's, a run's, a
+scheduler's, a run request's) are the querysets' of ``models.py``; what it adds is the
+one judgement of a job's health (:class:`Health`, :func:`_judge`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import statistics
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, F, OuterRef, Q, Subquery, Window
-from django.db.models.functions import RowNumber
+from django.db import models
 
 from .conf import app_settings
+from .lock.acquire import prepare_locks
 from .lock.clock import database_now
-from .models import JobLock, JobRun, JobState, LockState, Scheduler
+from .models import (
+    JobLock,
+    JobRun,
+    JobState,
+    LockState,
+    RunRequest,
+    Scheduler,
+    SchedulerState,
+    running_long,
+)
 from .run.registry import Job, all_jobs
 from .run.schedules import Cron, Every, Schedule
 from .run.status import RunStatus
 from .run.tasks import result_status
 
-# Badges, worst first: a job shows the first that applies.
-PAUSED = "paused"
-STALE_LOCK = "stale lock"
-RUNNING_LONG = "running long"
-NO_SCHEDULER = "no scheduler alive"
-MISSED = "missed"
-FAILING = "failing"
-NEVER_RAN = "never ran"
-OK = "ok"
 
-MEDIAN_SAMPLE = 20  # successful runs the median duration is taken over
-MEDIAN_DAYS = 7  # ... among those of the last week
-LATE_AFTER = dt.timedelta(minutes=5)  # a slot without a run this long after it is missed
+class Health(models.TextChoices):
+    """A job's health. A job shows the first of its problems (worst first, in this
+    order), else ``paused``, ``interrupted``, ``never ran`` or ``ok``."""
+
+    PAUSED = "paused"
+    STALE_LOCK = "stale lock"
+    RUNNING_LONG = "running long"
+    UNSERVED = "unserved"
+    MISSED = "missed"
+    NEVER_RAN = "never ran"
+    FAILING = "failing"
+    INTERRUPTED = "interrupted"
+    OK = "ok"
+
+
+# The grace: a slot with no run this long after it (at most half the interval) is unrun.
+LATE_AFTER = dt.timedelta(minutes=5)
+# Interrupted runs in a row that make a problem (one is a deploy's graceful stop).
+INTERRUPTED_IN_A_ROW = 2
 
 
 @dataclass
@@ -48,7 +64,9 @@ class JobHealth:
     schedule: str = ""
     timezone: str = ""
     next_slot: dt.datetime | None = None
+    first_seen: dt.datetime | None = None  # when its lock row was made on this database
     last_run: JobRun | None = None
+    previous_status: str = ""  # the status of the run before the last
     last_slot: dt.datetime | None = None
     last_slot_status: str = ""
     failures_24h: int = 0
@@ -58,14 +76,20 @@ class JobHealth:
     lock_id: int | None = None
     holder: str = ""
     running_for: float | None = None
-    last_pause: tuple[dt.datetime, dt.datetime] | None = None  # its slots are not missed
+    last_pause: tuple[dt.datetime, dt.datetime] | None = None  # its slots are not unrun
     task_status: str = ""  # a django.tasks job: what its backend says of the last enqueue
     paused: bool = False
     paused_by: str = ""
     paused_at: dt.datetime | None = None
-    schedulers: int | None = None  # alive schedulers serving it; None: not served by one
-    badge: str = OK
+    schedulers: int | None = None  # alive schedulers serving it; None: no known one does
+    requests: list[RunRequest] = field(default_factory=list)  # run now, waiting
+    badge: str = Health.OK
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def served(self) -> bool:
+        """A live scheduler serves it (its slots and its run-now requests)."""
+        return bool(self.schedulers)
 
     def as_dict(self) -> dict[str, Any]:
         last = self.last_run
@@ -75,6 +99,7 @@ class JobHealth:
             "schedule": self.schedule,
             "timezone": self.timezone,
             "next_slot": _iso(self.next_slot),
+            "first_seen": _iso(self.first_seen),
             "last_run": None
             if last is None
             else {
@@ -83,6 +108,7 @@ class JobHealth:
                 "started_at": _iso(last.started_at),
                 "finished_at": _iso(last.finished_at),
                 "duration": last.duration,
+                "requested_by": last.requested_by or None,
                 "task_result_id": last.task_result_id or None,
                 "task_status": self.task_status or None,
             },
@@ -91,8 +117,13 @@ class JobHealth:
             "median_duration": self.median,
             "lock": self.lock_state,
             "holder": self.holder,
+            "running_for": self.running_for,
             "paused": self.paused,
             "paused_by": self.paused_by,
+            "requests": [
+                {"id": r.pk, "requested_by": r.requested_by, "requested_at": _iso(r.requested_at)}
+                for r in self.requests
+            ],
             "schedulers_alive": self.schedulers,
             "health": self.badge,
             "problems": self.problems,
@@ -106,14 +137,32 @@ class Overview:
     now: dt.datetime
     jobs: list[JobHealth]
     undeclared: list[JobHealth]
-    schedulers_alive: int
-    schedulers_known: int
-    last_beat: dt.datetime | None = None  # the newest heartbeat of any known scheduler
+    schedulers: list[Scheduler]  # known rows, newest beat first, read ``with_state()``
+
+    @property
+    def schedulers_alive(self) -> int:
+        return sum(row.state == SchedulerState.ALIVE for row in self.schedulers)  # type: ignore[attr-defined]
+
+    @property
+    def last_beat(self) -> dt.datetime | None:
+        """The newest heartbeat of any known scheduler."""
+        return max((row.last_beat_at for row in self.schedulers), default=None)
+
+    @property
+    def scheduler_problems(self) -> list[str]:
+        """One line per scheduler gone without a clean stop and not acknowledged."""
+        return [
+            f"scheduler {row}: gone: no beat since {_when(row.last_beat_at)} and no clean "
+            f"stop; acknowledge it, or start a scheduler on {row.host} again"
+            for row in self.schedulers
+            if row.unacknowledged  # type: ignore[attr-defined]
+        ]
 
     @property
     def problems(self) -> list[str]:
         """One line per problem, for ``--check`` and the health view."""
-        return [f"{job.name}: {problem}" for job in self.jobs for problem in job.problems]
+        jobs = [f"{job.name}: {problem}" for job in self.jobs for problem in job.problems]
+        return jobs + self.scheduler_problems
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -122,136 +171,77 @@ class Overview:
             "problems": self.problems,
             "schedulers_alive": self.schedulers_alive,
             "last_scheduler_beat": _iso(self.last_beat),
+            "schedulers": [_scheduler_dict(row) for row in self.schedulers],
             "jobs": [job.as_dict() for job in self.jobs],
             "undeclared": [job.as_dict() for job in self.undeclared],
         }
 
 
 def overview(using: str) -> Overview:
-    """Read every job's state: seven queries, however many jobs and runs there are."""
-    now = database_now(using)
-    states = {state.name: state for state in JobState.objects.using(using)}
-    latest_run = JobRun.objects.filter(name=OuterRef("name")).order_by("-started_at", "-id")
-    latest_slot = JobRun.objects.filter(name=OuterRef("name"), slot__isnull=False)
-    current_run = JobRun.objects.filter(
-        name=OuterRef("name"), token=OuterRef("token"), status=RunStatus.RUNNING
-    )
-    annotated = (
-        JobLock.objects.using(using)
-        .with_state()
-        .annotate(
-            last_run_id=Subquery(latest_run.values("id")[:1]),
-            last_slot_id=Subquery(latest_slot.order_by("-slot").values("id")[:1]),
-            run_started_at=Subquery(current_run.values("started_at")[:1]),
-        )
-    )
-    locks = {lock.name: lock for lock in annotated}
-    # Each job's last run and last slotted run, looked up by the database (no id list).
-    last = Q(id__in=annotated.values("last_run_id")) | Q(id__in=annotated.values("last_slot_id"))
-    runs = {run.id: run for run in JobRun.objects.using(using).filter(last)}
-    counts = _counts_24h(using, now)
-    medians = _medians(using, now)
-    served, alive, alive_count, known, last_beat = _schedulers(using, now)
+    """Read every job's state: eight queries, however many jobs and runs there are.
 
+    A declared job with no lock row yet gets one now (one more query, once): the row's
+    creation is when this database first saw the job, which "never ran" counts from.
+    """
+    now = database_now(using)
     declared = {job.name: job for job in all_jobs()}
+    rows = JobLock.objects.using(using).with_state().with_runs()
+    locks = {lock.name: lock for lock in rows}
+    if set(declared) - set(locks):
+        prepare_locks(sorted(set(declared) - set(locks)), using=using)
+        locks = {lock.name: lock for lock in rows.all()}
+    wanted = {
+        getattr(lock, key) for lock in locks.values() for key in ("last_run_id", "last_slot_id")
+    }
+    runs = JobRun.objects.using(using)
+    found = {run.pk: run for run in runs.filter(pk__in=wanted - {None})}
+    counts = runs.counts_since(now - dt.timedelta(hours=24))
+    medians = runs.medians()
+    schedulers = list(Scheduler.objects.using(using).known().with_state())
+    states = {state.name: state for state in JobState.objects.using(using)}
+    requests: dict[str, list[RunRequest]] = {}
+    for request in RunRequest.objects.using(using).pending().order_by("id"):
+        requests.setdefault(request.name, []).append(request)
+
+    alive = [row for row in schedulers if row.state == SchedulerState.ALIVE]  # type: ignore[attr-defined]
     result: list[JobHealth] = []
     undeclared: list[JobHealth] = []
     for name in sorted(set(declared) | set(locks)):
         job = declared.get(name)
+        health = JobHealth(name, declared=job is not None, requests=requests.get(name, []))
         lock = locks.get(name)
-        health = JobHealth(name, declared=job is not None)
         if lock is not None:
-            health.last_run = runs.get(lock.last_run_id)  # type: ignore[attr-defined]
-            slot_run = runs.get(lock.last_slot_id)  # type: ignore[attr-defined]
-            if slot_run is not None:
-                health.last_slot, health.last_slot_status = slot_run.slot, slot_run.status
-            health.lock_state = getattr(lock, "state", "")
-            health.lock_id = lock.pk
-            if health.lock_state == LockState.HELD:
-                health.holder = lock.holder
-                started = getattr(lock, "run_started_at", None)
-                if started is not None:
-                    health.running_for = (now - started).total_seconds()
-        health.failures_24h = counts[name].get("failed", 0)
-        health.missed_24h = counts[name].get("missed", 0)
+            _read_lock(health, lock, found)
+        health.failures_24h = counts[name].get(RunStatus.FAILED, 0)
+        health.missed_24h = counts[name].get(RunStatus.MISSED, 0)
         health.median = medians.get(name)
         state = states.get(name)
         if state is not None and state.paused_at and state.resumed_at:
             health.last_pause = (state.paused_at, state.resumed_at)
         if state is not None and state.paused:
-            health.paused, health.paused_by, health.paused_at = (
-                True,
-                state.paused_by,
-                state.paused_at,
-            )
-        if name in served:
-            health.schedulers = alive.get(name, 0)
+            health.paused, health.paused_by = True, state.paused_by
+            health.paused_at = state.paused_at
+        if any(row.serves(name) for row in schedulers):
+            health.schedulers = sum(row.serves(name) for row in alive)
         if job is not None:
             _describe(health, job, now)
-        _judge(health, job, now)
+        _judge(health, job, now, uses_schedulers=bool(schedulers))
         (result if job is not None else undeclared).append(health)
-    return Overview(now, result, undeclared, alive_count, known, last_beat)
+    return Overview(now, result, undeclared, schedulers)
 
 
-def _counts_24h(using: str, now: dt.datetime) -> dict[str, dict[str, int]]:
-    """Failed and missed runs per job over the last 24 hours (one grouped query)."""
-    counts: dict[str, dict[str, int]] = defaultdict(dict)
-    rows = (
-        JobRun.objects.using(using)
-        .filter(started_at__gte=now - dt.timedelta(hours=24))
-        .filter(status__in=[RunStatus.FAILED, RunStatus.MISSED])
-        .values_list("name", "status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    for name, status, number in rows:
-        counts[name][status] = number
-    return counts
-
-
-def _medians(using: str, now: dt.datetime) -> dict[str, float]:
-    """Median duration of each job's last successful runs of the past week (one query)."""
-    recent = (
-        JobRun.objects.using(using)
-        .filter(
-            status=RunStatus.SUCCEEDED,
-            duration__isnull=False,
-            started_at__gte=now - dt.timedelta(days=MEDIAN_DAYS),
-        )
-        .annotate(
-            rank=Window(RowNumber(), partition_by=[F("name")], order_by=F("started_at").desc())
-        )
-        .filter(rank__lte=MEDIAN_SAMPLE)
-        .values_list("name", "duration")
-    )
-    durations: dict[str, list[float]] = defaultdict(list)
-    for name, duration in recent:
-        if duration is not None:
-            durations[name].append(duration)
-    return {name: statistics.median(values) for name, values in durations.items()}
-
-
-def _schedulers(
-    using: str, now: dt.datetime
-) -> tuple[set[str], dict[str, int], int, int, dt.datetime | None]:
-    """Jobs any known scheduler serves; per job, how many alive ones serve it; how many
-    schedulers are alive, and known (rows not yet forgotten); the newest heartbeat."""
-    served: set[str] = set()
-    alive: dict[str, int] = defaultdict(int)
-    alive_count = known = 0
-    last_beat: dt.datetime | None = None
-    for row in Scheduler.objects.using(using).exclude(
-        last_beat_at__lte=now - Scheduler.FORGET_AFTER
-    ):
-        known += 1
-        last_beat = max(last_beat or row.last_beat_at, row.last_beat_at)
-        jobs = set(row.jobs or [])
-        served |= jobs
-        if row.stopped_at is None and now - row.last_beat_at < Scheduler.ALIVE_FOR:
-            alive_count += 1
-            for name in jobs:
-                alive[name] += 1
-    return served, alive, alive_count, known, last_beat
+def _read_lock(health: JobHealth, lock: JobLock, runs: dict[int, JobRun]) -> None:
+    """What the lock row (read ``with_state().with_runs()``) says of the job."""
+    health.first_seen = lock.created_at
+    health.last_run = runs.get(lock.last_run_id)  # type: ignore[attr-defined]
+    health.previous_status = lock.previous_status or ""  # type: ignore[attr-defined]
+    slot_run = runs.get(lock.last_slot_id)  # type: ignore[attr-defined]
+    if slot_run is not None:
+        health.last_slot, health.last_slot_status = slot_run.slot, slot_run.status
+    health.lock_state, health.lock_id = lock.state, lock.pk  # type: ignore[attr-defined]
+    if health.lock_state == LockState.HELD:
+        health.holder = lock.holder
+        health.running_for = lock.running_for
 
 
 def schedule_in_words(schedule: Schedule) -> tuple[str, str]:
@@ -287,51 +277,107 @@ def _describe(health: JobHealth, job: Job, now: dt.datetime) -> None:
         health.task_status = result_status(job.task, last.task_result_id, last.task_backend)
 
 
-def _judge(health: JobHealth, job: Job | None, now: dt.datetime) -> None:
-    """Set the badge and one line per problem."""
-    problems = health.problems
+def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedulers: bool) -> None:
+    """Set the badge and one line per problem: the one definition of a job's health."""
+    found: list[tuple[Health, str]] = []
     if health.lock_state == LockState.STALE:
-        problems.append(f"{STALE_LOCK}: its holder's lease ran out and it was never released")
-    if health.running_for is not None and health.median:
-        factor = float(app_settings.SUSPECT_FACTOR)
-        if health.running_for > factor * health.median:
-            problems.append(
-                f"{RUNNING_LONG}: running for {health.running_for:.0f}s, "
-                f"{factor:g}x its median of {health.median:.1f}s"
+        found.append((Health.STALE_LOCK, "its holder's lease ran out and it was never released"))
+    if running_long(health.running_for, health.median):
+        found.append(
+            (
+                Health.RUNNING_LONG,
+                f"running for {health.running_for:.0f}s, {float(app_settings.SUSPECT_FACTOR):g}x "
+                f"its median of {health.median:.1f}s",
             )
-    if health.schedulers == 0 and job is not None and not health.paused:
-        problems.append(f"{NO_SCHEDULER}: the schedulers that served it have all stopped")
-    overdue = _overdue_slot(health, job, now)
-    if overdue is not None and not health.paused:
-        problems.append(f"{MISSED}: no run for the slot of {overdue.isoformat()}")
-    elif health.last_slot_status == RunStatus.MISSED and not health.paused:
-        problems.append(f"{MISSED}: the slot of {_iso(health.last_slot)} was not run")
+        )
+    unrun = None if job is None or health.paused else _unrun_slot(health, job, now)
+    if unrun is not None and uses_schedulers and not health.served:
+        found.append(
+            (
+                Health.UNSERVED,
+                f"no live scheduler serves it, and no run for the slot of {_when(unrun)}",
+            )
+        )
+    elif unrun is not None and health.last_slot is None:
+        seen = _when(health.first_seen)
+        found.append(
+            (Health.NEVER_RAN, f"first seen {seen}, no run for the slot of {_when(unrun)}")
+        )
+    elif unrun is not None:
+        found.append((Health.MISSED, f"no run for the slot of {_when(unrun)}"))
+    elif health.last_slot_status == RunStatus.MISSED and job is not None and not health.paused:
+        found.append((Health.MISSED, f"the slot of {_when(health.last_slot)} was not run"))
+    if health.requests and job is not None and not health.served:
+        first = health.requests[0]
+        found.append(
+            (
+                Health.UNSERVED,
+                f"run now asked by {first.requested_by} at {_when(first.requested_at)} waits, "
+                "and no live scheduler serves it",
+            )
+        )
     last = health.last_run
-    if last is not None and last.status in RunStatus.unsuccessful():
-        problems.append(f"{FAILING}: its last run {last.status} at {_iso(last.finished_at)}")
+    if last is not None and last.status in RunStatus.failures():
+        found.append((Health.FAILING, f"its last run {last.status} at {_when(last.finished_at)}"))
+    interrupted = last is not None and last.status == RunStatus.INTERRUPTED
+    if interrupted and health.previous_status == RunStatus.INTERRUPTED:
+        assert last is not None
+        found.append(
+            (
+                Health.INTERRUPTED,
+                f"its last {INTERRUPTED_IN_A_ROW} runs were interrupted, the last at "
+                f"{_when(last.finished_at)}",
+            )
+        )
+    health.problems = [f"{kind}: {text}" for kind, text in found]
     if health.paused:
-        health.badge = PAUSED
-    elif problems:
-        health.badge = problems[0].split(":", 1)[0]
+        health.badge = Health.PAUSED
+    elif found:
+        health.badge = found[0][0]
+    elif interrupted:
+        health.badge = Health.INTERRUPTED
     elif job is not None and job.schedule is not None and health.last_slot is None:
-        health.badge = NEVER_RAN
+        health.badge = Health.NEVER_RAN
     else:
-        health.badge = OK
+        health.badge = Health.OK
 
 
-def _overdue_slot(health: JobHealth, job: Job | None, now: dt.datetime) -> dt.datetime | None:
-    """The newest slot that should have a run by now but has none (scheduled jobs that
-    ran before; a job that never ran is not judged)."""
-    if job is None or job.schedule is None or health.last_slot is None:
+def _unrun_slot(health: JobHealth, job: Job, now: dt.datetime) -> dt.datetime | None:
+    """The newest slot past its grace with no run, after the job's latest slotted run
+    (or, for one that never ran, after this database first saw it), outside its last
+    pause; None if there is none."""
+    if job.schedule is None:
         return None
     _, interval = job.schedule.latest_at_or_before(now)
     slot, _ = job.schedule.latest_at_or_before(now - min(LATE_AFTER, interval / 2))
-    slot = slot.astimezone(dt.UTC)
+    since = health.last_slot if health.last_slot is not None else health.first_seen
+    if since is None or slot <= since:
+        return None
     pause = health.last_pause
     if pause is not None and pause[0] <= slot <= pause[1]:
         return None  # it fell in the job's last pause: not run, on purpose
-    return slot if slot > health.last_slot else None
+    return slot
+
+
+def _scheduler_dict(row: Scheduler) -> dict[str, Any]:
+    return {
+        "host": row.host,
+        "pid": row.pid,
+        "instance": row.instance,
+        "state": row.state,  # type: ignore[attr-defined]
+        "jobs": row.jobs,
+        "started_at": _iso(row.started_at),
+        "last_beat_at": _iso(row.last_beat_at),
+        "stopped_at": _iso(row.stopped_at),
+        "acknowledged_by": row.acknowledged_by or None,
+        "problem": bool(row.unacknowledged),  # type: ignore[attr-defined]
+    }
 
 
 def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def _when(value: dt.datetime | None) -> str | None:
+    """A time in a problem's line: to the second."""
+    return value.isoformat(timespec="seconds") if value is not None else None

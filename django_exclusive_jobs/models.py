@@ -1,18 +1,30 @@
-"""The lock table. One row per job name; the unique name is what servers race for."""
+"""The app's tables, and the one definition of every state.
+
+A lock held / cooldown / stale / free, a run running long, a job's median duration, a
+scheduler alive / stopped / gone, a run request pending: each is defined once here, as a
+QuerySet method (or the ``Q`` it filters on), judged on the database's clock. The admin,
+``health.py`` (the jobs page, ``exclusive_jobs``, the health view) and the commands ask
+these; none rebuilds the filters.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import statistics
+from collections import defaultdict
 from typing import Any, ClassVar
 
 from django.db import models
-from django.db.models import Case, Q, Value, When
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, Subquery, Value, When, Window
+from django.db.models.functions import RowNumber
 from django.utils.translation import gettext_lazy as _
 
 from .lock.clock import DatabaseNow, now_plus
 from .lock.sql import holder_name
 from .run.status import RunStatus
+
+MEDIAN_SAMPLE = 20  # successful runs a job's median duration is taken over
+MEDIAN_DAYS = dt.timedelta(days=7)  # ... among those of the last week
 
 
 class JobNameField(models.CharField):  # type: ignore[type-arg]
@@ -29,76 +41,105 @@ class JobNameField(models.CharField):  # type: ignore[type-arg]
 
 
 class LockState(models.TextChoices):
-    """A lock's state on the database's clock, as ``JobLockQuerySet.with_state()`` computes it."""
+    """A lock's state on the database's clock: ``held``, ``cooldown`` (released, kept
+    closed for ``min_hold``), ``stale`` (lease ran out, never released) or ``free``."""
 
     HELD = "held", _("held")
-    COOLDOWN = "cooldown", _("released, kept for min_hold")
-    STALE = "stale", _("stale: lease ran out, never released")
+    COOLDOWN = "cooldown", _("cooldown")
+    STALE = "stale", _("stale")
     FREE = "free", _("free")
 
 
+def lock_states() -> dict[LockState, Q]:
+    """The one definition of each lock state, as a filter on database time."""
+    now = DatabaseNow()
+    return {
+        LockState.HELD: Q(released_at__isnull=True, expires_at__gt=now),
+        LockState.COOLDOWN: Q(released_at__isnull=False, expires_at__gt=now),
+        LockState.STALE: Q(released_at__isnull=True, expires_at__lte=now),
+        LockState.FREE: Q(expires_at__isnull=True)
+        | Q(released_at__isnull=False, expires_at__lte=now),
+    }
+
+
+def running_long(
+    running_for: float | None, median: float | None, factor: float | None = None
+) -> bool:
+    """The one rule for "running long": a run has lasted over ``factor`` (the setting
+    ``SUSPECT_FACTOR``) times its job's median duration (:meth:`JobRunQuerySet.medians`).
+    Shown to people, never acted on."""
+    from .conf import app_settings
+
+    factor = float(app_settings.SUSPECT_FACTOR if factor is None else factor)
+    return running_for is not None and bool(median) and running_for > factor * (median or 0)
+
+
 class JobLockQuerySet(models.QuerySet["JobLock"]):
-    """Filters whose meaning is computed on the database's clock."""
+    """Locks by state, each computed on the database's clock (:func:`lock_states`)."""
 
     def held(self) -> JobLockQuerySet:
         """Locks a running holder has and whose lease has not run out."""
-        return self.filter(released_at__isnull=True, expires_at__gt=DatabaseNow())
+        return self.filter(lock_states()[LockState.HELD])
 
     def stale(self) -> JobLockQuerySet:
         """Locks whose holder never released them and whose lease has run out."""
-        return self.filter(released_at__isnull=True, expires_at__lte=DatabaseNow())
+        return self.filter(lock_states()[LockState.STALE])
 
     def cooldown(self) -> JobLockQuerySet:
         """Locks released by their holder but kept closed until ``min_hold`` ends."""
-        return self.filter(released_at__isnull=False, expires_at__gt=DatabaseNow())
+        return self.filter(lock_states()[LockState.COOLDOWN])
 
     def free(self) -> JobLockQuerySet:
         """Locks anyone may take now: released and past ``min_hold``, or never held."""
-        return self.filter(
-            Q(expires_at__isnull=True) | Q(released_at__isnull=False, expires_at__lte=DatabaseNow())
-        )
+        return self.filter(lock_states()[LockState.FREE])
 
     def not_held(self) -> JobLockQuerySet:
         """Every lock but the held ones (what an operator may free without --live)."""
-        return self.exclude(released_at__isnull=True, expires_at__gt=DatabaseNow())
+        return self.exclude(lock_states()[LockState.HELD])
 
     def closed(self) -> JobLockQuerySet:
         """Locks nobody else may take now (held or in cooldown)."""
-        return self.filter(expires_at__gt=DatabaseNow())
-
-    def suspect(self, factor: float | None = None) -> JobLockQuerySet:
-        """Held locks whose current run has lasted over ``factor`` x the job's median.
-
-        Never acted on automatically: a suspect lock is only shown to people.
-        """
-        from .conf import app_settings
-
-        factor = float(app_settings.SUSPECT_FACTOR if factor is None else factor)
-        runs = JobRun.objects.using(self.db)
-        names = []
-        for name, token in self.held().values_list("name", "token"):
-            median = runs.median_duration(name)
-            if median is None:
-                continue
-            overdue = now_plus(-dt.timedelta(seconds=factor * median))
-            if runs.running().filter(name=name, token=token, started_at__lt=overdue).exists():
-                names.append(name)
-        return self.filter(name__in=names)
+        states = lock_states()
+        return self.filter(states[LockState.HELD] | states[LockState.COOLDOWN])
 
     def with_state(self) -> JobLockQuerySet:
-        """Annotate ``state`` (a :class:`LockState` value) computed on database time."""
-        now = DatabaseNow()
+        """Annotate ``state`` (a :class:`LockState` value) and ``db_now``."""
+        whens = [When(q, then=Value(state)) for state, q in lock_states().items()]
         return self.annotate(
-            state=Case(
-                When(released_at__isnull=True, expires_at__gt=now, then=Value(LockState.HELD)),
-                When(released_at__isnull=False, expires_at__gt=now, then=Value(LockState.COOLDOWN)),
-                When(
-                    released_at__isnull=True, expires_at__isnull=False, then=Value(LockState.STALE)
-                ),
-                default=Value(LockState.FREE),
-                output_field=models.CharField(),
-            )
+            state=Case(*whens, default=Value(LockState.FREE), output_field=models.CharField()),
+            db_now=DatabaseNow(),
         )
+
+    def with_runs(self) -> JobLockQuerySet:
+        """Annotate, from run history: ``run_started_at`` (the start of the run the lock's
+        current token belongs to, while it is ``running``), ``last_run_id`` (the job's
+        latest run), ``previous_status`` (the status of the run before it) and
+        ``last_slot_id`` (its run with the latest slot)."""
+        runs = JobRun.objects.filter(name=OuterRef("name"))
+        latest = runs.order_by("-started_at", "-id")
+        current = runs.running().filter(token=OuterRef("token"))
+        return self.annotate(
+            run_started_at=Subquery(current.values("started_at")[:1]),
+            last_run_id=Subquery(latest.values("id")[:1]),
+            previous_status=Subquery(latest.values("status")[1:2]),
+            last_slot_id=Subquery(
+                runs.filter(slot__isnull=False).order_by("-slot").values("id")[:1]
+            ),
+        )
+
+    def running_long(self, factor: float | None = None) -> JobLockQuerySet:
+        """Held locks whose current run is running long (:func:`running_long`)."""
+        medians = JobRun.objects.using(self.db).medians()
+        held = self.held().with_state().with_runs()
+        names = [
+            lock.name
+            for lock in held
+            if running_long(lock.running_for, medians.get(lock.name), factor)
+        ]
+        return self.filter(name__in=names)
+
+    # exclusive_locks (management/) still asks for it by its old name (issue 23).
+    suspect = running_long
 
     def force_release(self) -> int:
         """Free these locks now, whoever holds them; return how many changed.
@@ -108,8 +149,7 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
         higher token.
         """
         now = DatabaseNow()
-        not_free = Q(released_at__isnull=True, expires_at__isnull=False) | Q(expires_at__gt=now)
-        return self.filter(not_free).update(released_at=now, expires_at=now)
+        return self.exclude(lock_states()[LockState.FREE]).update(released_at=now, expires_at=now)
 
 
 class JobLock(models.Model):
@@ -137,6 +177,14 @@ class JobLock(models.Model):
     acquired_at = models.DateTimeField(_("acquired at"), null=True, blank=True)
     expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     released_at = models.DateTimeField(_("released at"), null=True, blank=True)
+    created_at = models.DateTimeField(
+        _("first seen"),
+        db_default=DatabaseNow(),
+        help_text=_(
+            "When this database first saw the job: migrate, a scheduler's start, its first "
+            "run or the first look of the health overview made this row."
+        ),
+    )
 
     objects: ClassVar[JobLockQuerySet] = JobLockQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -152,6 +200,15 @@ class JobLock(models.Model):
     def holder(self) -> str:
         """Who holds (or last held) the lock: ``host:pid:instance``."""
         return holder_name(self.host, self.pid, self.instance)
+
+    @property
+    def running_for(self) -> float | None:
+        """Seconds its current run has lasted, on database time (a lock read with
+        ``with_state().with_runs()`` that is held; else None)."""
+        started = getattr(self, "run_started_at", None)
+        if started is None or getattr(self, "state", None) != LockState.HELD:
+            return None
+        return float((self.db_now - started).total_seconds())  # type: ignore[attr-defined]
 
 
 class JobRunQuerySet(models.QuerySet["JobRun"]):
@@ -169,20 +226,35 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         """Runs whose job returned (or whose child program exited 0)."""
         return self.filter(status=RunStatus.SUCCEEDED)
 
-    def failed(self) -> JobRunQuerySet:
-        """Runs whose job raised (or whose child program exited non-zero)."""
-        return self.filter(status=RunStatus.FAILED)
-
-    def median_duration(self, name: str, *, sample: int = 20) -> float | None:
-        """Median duration (seconds) of the job's last ``sample`` successful runs."""
+    def medians(self) -> dict[str, float]:
+        """Each job's median duration in seconds: the one definition, over its last
+        ``MEDIAN_SAMPLE`` successful runs of the past ``MEDIAN_DAYS`` (one query)."""
         recent = (
             self.succeeded()
-            .filter(name=name, duration__isnull=False)
-            .order_by("-started_at")
-            .values_list("duration", flat=True)[:sample]
+            .filter(duration__isnull=False, started_at__gte=now_plus(-MEDIAN_DAYS))
+            .annotate(
+                rank=Window(RowNumber(), partition_by=[F("name")], order_by=F("started_at").desc())
+            )
+            .filter(rank__lte=MEDIAN_SAMPLE)
+            .values_list("name", "duration")
         )
-        durations = [value for value in recent if value is not None]
-        return statistics.median(durations) if durations else None
+        durations: dict[str, list[float]] = defaultdict(list)
+        for name, duration in recent:
+            durations[name].append(float(duration or 0))
+        return {name: statistics.median(values) for name, values in durations.items()}
+
+    def counts_since(self, since: dt.datetime) -> dict[str, dict[str, int]]:
+        """Runs started since ``since``, per job and status (one grouped query)."""
+        counts: dict[str, dict[str, int]] = defaultdict(dict)
+        rows = (
+            self.filter(started_at__gte=since)
+            .values_list("name", "status")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        for name, status, number in rows:
+            counts[name][status] = number
+        return counts
 
     def kept_ids(self) -> set[int]:
         """Runs pruning must keep: each job's last run and its latest slotted run."""
@@ -271,30 +343,87 @@ class JobRun(models.Model):
         return holder_name(self.host, self.pid, self.instance)
 
 
+class SchedulerState(models.TextChoices):
+    """A scheduler's state on the database's clock: ``alive`` (a beat in the last
+    ``Scheduler.ALIVE_FOR``), ``stopped`` (it said so on a clean exit) or ``gone`` (no
+    beat for ``ALIVE_FOR`` and no clean stop: killed, crashed or cut off)."""
+
+    ALIVE = "alive", _("alive")
+    STOPPED = "stopped", _("stopped")
+    GONE = "gone", _("gone")
+
+
+def scheduler_states() -> dict[SchedulerState, Q]:
+    """The one definition of each scheduler state, as a filter on database time."""
+    beat_lately = Q(last_beat_at__gt=now_plus(-Scheduler.ALIVE_FOR))
+    return {
+        SchedulerState.ALIVE: Q(stopped_at__isnull=True) & beat_lately,
+        SchedulerState.STOPPED: Q(stopped_at__isnull=False),
+        SchedulerState.GONE: Q(stopped_at__isnull=True) & ~beat_lately,
+    }
+
+
+def unacknowledged() -> Q:
+    """A gone scheduler is a problem until someone acknowledges it, or a scheduler starts
+    again on its host after its last beat (it came back)."""
+    came_back = Exists(
+        Scheduler.objects.filter(host=OuterRef("host"), started_at__gt=OuterRef("last_beat_at"))
+    )
+    return scheduler_states()[SchedulerState.GONE] & Q(acknowledged_at__isnull=True) & ~Q(came_back)
+
+
+def _remembered() -> Q:
+    return Q(last_beat_at__gt=now_plus(-Scheduler.FORGET_AFTER)) | unacknowledged()
+
+
 class SchedulerQuerySet(models.QuerySet["Scheduler"]):
-    """Running ``exclusive_scheduler`` processes, judged on the database's clock."""
+    """``exclusive_scheduler`` processes by state, judged on the database's clock."""
 
     def alive(self) -> SchedulerQuerySet:
-        """Running schedulers whose last heartbeat is recent (``Scheduler.ALIVE_FOR``)."""
-        return self.filter(stopped_at__isnull=True, last_beat_at__gt=now_plus(-Scheduler.ALIVE_FOR))
+        """Schedulers that beat in the last ``Scheduler.ALIVE_FOR`` and did not stop."""
+        return self.filter(scheduler_states()[SchedulerState.ALIVE])
+
+    def stopped(self) -> SchedulerQuerySet:
+        """Schedulers that stopped cleanly (``SIGTERM``, ``SIGINT``)."""
+        return self.filter(scheduler_states()[SchedulerState.STOPPED])
 
     def gone(self) -> SchedulerQuerySet:
-        """Schedulers that stopped (``stopped_at`` set) or stopped beating (killed, cut off)."""
-        return self.exclude(
-            stopped_at__isnull=True, last_beat_at__gt=now_plus(-Scheduler.ALIVE_FOR)
-        )
+        """Schedulers that stopped beating without a clean stop: killed, crashed, cut off."""
+        return self.filter(scheduler_states()[SchedulerState.GONE])
+
+    def unacknowledged(self) -> SchedulerQuerySet:
+        """Gone schedulers that are a problem: nobody acknowledged them, and no scheduler
+        has started on their host since their last beat."""
+        return self.filter(unacknowledged())
+
+    def known(self) -> SchedulerQuerySet:
+        """The rows the jobs page and the health check judge: a beat in the last
+        ``Scheduler.FORGET_AFTER``, or gone and unacknowledged however long ago."""
+        return self.filter(_remembered())
 
     def forgotten(self) -> SchedulerQuerySet:
-        """Rows of schedulers gone so long they are deleted (``Scheduler.FORGET_AFTER``)."""
-        return self.filter(last_beat_at__lte=now_plus(-Scheduler.FORGET_AFTER))
+        """The others, which the heartbeats delete (read first: MySQL refuses a DELETE
+        whose subquery reads the table it deletes from)."""
+        return self.filter(pk__in=list(self.exclude(_remembered()).values_list("pk", flat=True)))
+
+    def with_state(self) -> SchedulerQuerySet:
+        """Annotate ``state`` (a :class:`SchedulerState` value) and ``unacknowledged``."""
+        whens = [When(q, then=Value(state)) for state, q in scheduler_states().items()]
+        problem = When(unacknowledged(), then=Value(True))
+        return self.annotate(
+            state=Case(*whens, default=Value(SchedulerState.GONE), output_field=models.CharField()),
+            unacknowledged=Case(problem, default=Value(False), output_field=models.BooleanField()),
+        )
 
 
 class Scheduler(models.Model):
     """One running ``manage.py exclusive_scheduler``: its heartbeat row.
 
-    Written every ``BEAT`` on database time; a row whose last beat is older than
-    ``ALIVE_FOR`` is a scheduler that is gone; rows gone for ``FORGET_AFTER`` are deleted,
-    so "no scheduler since 02:14" can be told for a day.
+    Written every ``BEAT`` on database time. A row whose last beat is older than
+    ``ALIVE_FOR`` without a clean stop is a scheduler that is gone: a problem until it is
+    acknowledged or a scheduler starts on its host again. Rows older than
+    ``FORGET_AFTER`` that are no problem are deleted, so "no scheduler since 02:14" can
+    be told for a day.
     """
 
     BEAT = dt.timedelta(seconds=10)
@@ -309,6 +438,13 @@ class Scheduler(models.Model):
     started_at = models.DateTimeField(_("started at"))
     last_beat_at = models.DateTimeField(_("last heartbeat"))
     stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+    acknowledged_at = models.DateTimeField(_("acknowledged at"), null=True, blank=True)
+    acknowledged_by = models.CharField(
+        _("acknowledged by"),
+        max_length=255,
+        blank=True,
+        help_text=_("Who acknowledged that it is gone (then it is no longer a problem)."),
+    )
 
     objects: ClassVar[SchedulerQuerySet] = SchedulerQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -320,6 +456,10 @@ class Scheduler(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid}"
+
+    def serves(self, name: str) -> bool:
+        """Whether it runs the job ``name``: its slots and its run-now requests."""
+        return name in (self.jobs or [])
 
 
 class JobState(models.Model):
@@ -346,14 +486,28 @@ class JobState(models.Model):
         return str(self.name)
 
 
+class RunRequestQuerySet(models.QuerySet["RunRequest"]):
+    def pending(self) -> RunRequestQuerySet:
+        """Requests that wait for a run: neither taken by one nor cancelled."""
+        return self.filter(taken_at__isnull=True)
+
+
 class RunRequest(models.Model):
-    """A run asked for outside the schedule ("run now"): taken by exactly one run."""
+    """A run asked for outside the schedule ("run now"): taken by exactly one run, or
+    cancelled by an operator before any run took it."""
 
     name = JobNameField(_("job"), max_length=255)
     requested_at = models.DateTimeField(_("asked at"))
     requested_by = models.CharField(_("asked for by"), max_length=255)
-    taken_at = models.DateTimeField(_("taken at"), null=True, blank=True)
+    taken_at = models.DateTimeField(
+        _("taken at"),
+        null=True,
+        blank=True,
+        help_text=_("When a run took it, or it was cancelled: no run takes it after that."),
+    )
     taken_by = models.CharField(_("taken by"), max_length=255, blank=True)
+    cancelled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True)
+    cancelled_by = models.CharField(_("cancelled by"), max_length=255, blank=True)
     # No constraint: pruning old runs must stay one DELETE, and may leave this dangling.
     run = models.ForeignKey(
         JobRun,
@@ -363,6 +517,8 @@ class RunRequest(models.Model):
         blank=True,
         related_name="+",
     )
+
+    objects: ClassVar[RunRequestQuerySet] = RunRequestQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         verbose_name = _("run request")

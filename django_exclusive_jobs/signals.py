@@ -21,10 +21,10 @@ job_started = Signal()
 # slot (datetime) when the skip is because that scheduled slot already has a run.
 job_skipped = Signal()
 
-# A job that started has ended.
+# A job that started has ended (once per job_started).
 # Arguments: sender (job name), name (str), lock (the Lock), status (str, a RunStatus:
-# "succeeded", "failed", "lost" or "interrupted"), duration (float seconds), exception
-# (the exception that ended it, or None).
+# "succeeded", "failed", "interrupted", "lost" or "enqueued"), duration (float seconds),
+# exception (the exception that ended it, or None).
 job_finished = Signal()
 
 # A scheduled slot passed and no server ran it. Sent once per slot, by the start that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,13 +12,14 @@ from django.test import Client
 from django.urls import reverse
 
 from django_exclusive_jobs import LockLost, exclusive_job, try_acquire
-from django_exclusive_jobs.models import JobLock, JobRun, LockState
+from django_exclusive_jobs.lock.clock import database_now
+from django_exclusive_jobs.models import JobLock, JobRun, LockState, Scheduler
 
 from .helpers import expire_now, other_holder
 
 LOCKS = reverse("admin:django_exclusive_jobs_joblock_changelist")
 RUNS = reverse("admin:django_exclusive_jobs_jobrun_changelist")
-SUMMARY = reverse("admin:django_exclusive_jobs_jobrun_summary")
+JOBS = reverse("admin:django_exclusive_jobs_jobstate_changelist")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -189,7 +191,7 @@ def test_staff_without_permissions_and_non_staff_are_kept_out(locks: dict[str, A
     response = outsider.get(LOCKS)
     assert response.status_code == 302
     assert "/login/" in response["Location"]
-    assert outsider.get(SUMMARY).status_code == 302
+    assert outsider.get(JOBS).status_code == 302
 
 
 def test_names_and_errors_are_escaped(superuser_client: Client) -> None:
@@ -204,7 +206,7 @@ def test_names_and_errors_are_escaped(superuser_client: Client) -> None:
     pages = [
         superuser_client.get(LOCKS).content.decode(),
         superuser_client.get(RUNS).content.decode(),
-        superuser_client.get(SUMMARY, follow=True).content.decode(),
+        superuser_client.get(JOBS).content.decode(),
         superuser_client.get(
             reverse(
                 "admin:django_exclusive_jobs_jobrun_change",
@@ -219,7 +221,9 @@ def test_names_and_errors_are_escaped(superuser_client: Client) -> None:
     assert "&lt;img src=x onerror=alert(2)&gt;" in pages[3]
 
 
-def test_run_detail_shows_traceback_and_summary_counts_failures(superuser_client: Client) -> None:
+def test_run_detail_shows_traceback_and_the_jobs_page_counts_failures(
+    superuser_client: Client,
+) -> None:
     @exclusive_job("nightly-export", using="default")
     def job(fail: bool) -> None:
         if fail:
@@ -234,9 +238,126 @@ def test_run_detail_shows_traceback_and_summary_counts_failures(superuser_client
     ).content.decode()
     assert "Traceback (most recent call last)" in detail
     assert "export target full" in detail
-    summary = superuser_client.get(SUMMARY, follow=True).content.decode()  # the jobs page
-    assert "nightly-export" in summary
-    assert "exclusive-jobs-failed" in summary
+    jobs_page = superuser_client.get(JOBS).content.decode()
+    assert "nightly-export" in jobs_page
+    assert "exclusive-jobs-failed" in jobs_page
     runs_page = superuser_client.get(RUNS, {"status": "failed"}).content.decode()
     assert "nightly-export" in runs_page
     assert "All jobs" in superuser_client.get(RUNS).content.decode()
+
+
+# --- schedulers: alive, stopped, gone ---------------------------------------------------
+
+SCHEDULERS = reverse("admin:django_exclusive_jobs_scheduler_changelist")
+
+
+@pytest.fixture
+def schedulers() -> dict[str, Scheduler]:
+    now = database_now("default")
+    hour = dt.timedelta(hours=1)
+
+    def make(instance: str, **times: Any) -> Scheduler:
+        values = {"started_at": now - hour, "last_beat_at": now, **times}
+        return Scheduler.objects.create(
+            instance=instance, host=f"web-{instance}", pid=7, jobs=["tick"], **values
+        )
+
+    return {
+        "alive": make("alive"),
+        "stopped": make("stopped", last_beat_at=now - hour, stopped_at=now - hour),
+        "gone": make("gone", last_beat_at=now - dt.timedelta(minutes=3)),
+    }
+
+
+def test_schedulers_page_shows_alive_stopped_and_gone_with_a_filter(
+    superuser_client: Client, schedulers: dict[str, Scheduler]
+) -> None:
+    page = superuser_client.get(SCHEDULERS).content.decode()
+    for state in ("alive", "stopped", "gone"):
+        assert f"exclusive-jobs-scheduler-{state}" in page
+    beat = schedulers["gone"].last_beat_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert f"no beat since {beat}, no clean stop" in page
+    for state, shown in [("gone", ["web-gone"]), ("unacknowledged", ["web-gone"])]:
+        listed = superuser_client.get(SCHEDULERS, {"state": state}).context["cl"].result_list
+        assert [row.host for row in listed] == shown
+    jobs_page = superuser_client.get(JOBS).content.decode()
+    assert "scheduler web-gone:7: gone: no beat since" in jobs_page
+
+
+def test_acknowledging_a_gone_scheduler_ends_the_problem_and_is_recorded(
+    superuser_client: Client, schedulers: dict[str, Scheduler]
+) -> None:
+    from django.contrib.admin.models import LogEntry
+
+    ids = [row.pk for row in schedulers.values()]
+    done = superuser_client.post(
+        SCHEDULERS, {"action": "acknowledge", "_selected_action": ids}, follow=True
+    )
+    assert "Acknowledged 1 gone scheduler." in done.content.decode()
+    gone = Scheduler.objects.get(instance="gone")
+    assert gone.acknowledged_by == "root (admin)"
+    assert not Scheduler.objects.unacknowledged().exists()
+    assert "scheduler web-gone" not in superuser_client.get(JOBS).content.decode()
+    page = superuser_client.get(SCHEDULERS).content.decode()
+    assert "acknowledged by root (admin) at " in page
+    [entry] = LogEntry.objects.filter(object_id=str(gone.pk))
+    assert entry.get_change_message().startswith("Acknowledged: gone since ")
+
+
+def test_acknowledging_needs_the_change_permission(schedulers: dict[str, Scheduler]) -> None:
+    viewer = client_for(make_user("viewer", perms=("view_scheduler",)))
+    page = viewer.get(SCHEDULERS)
+    assert page.status_code == 200 and b'value="acknowledge"' not in page.content
+    viewer.post(SCHEDULERS, {"action": "acknowledge", "_selected_action": [schedulers["gone"].pk]})
+    assert Scheduler.objects.unacknowledged().exists()
+    operator = client_for(make_user("operator", perms=("view_scheduler", "change_scheduler")))
+    assert b'value="acknowledge"' in operator.get(SCHEDULERS).content
+    detail = operator.get(
+        reverse("admin:django_exclusive_jobs_scheduler_change", args=[schedulers["gone"].pk])
+    )
+    assert detail.status_code == 200 and b'name="host"' not in detail.content  # read-only
+
+
+# --- seconds, and running long ----------------------------------------------------------
+
+
+def test_times_are_shown_to_the_second(superuser_client: Client, locks: dict[str, Any]) -> None:
+    import re
+
+    @exclusive_job("every-ten-seconds", using="default")
+    def job() -> None:
+        pass
+
+    job()
+    run = JobRun.objects.get(name="every-ten-seconds")
+    started = run.started_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert started in superuser_client.get(RUNS).content.decode()
+    detail = reverse("admin:django_exclusive_jobs_jobrun_change", args=[run.pk])
+    assert started in superuser_client.get(detail).content.decode()
+    acquired = locks["live"].acquired_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert acquired in superuser_client.get(LOCKS).content.decode()
+    minutes_only = re.compile(r"\d{1,2}:\d{2} [ap]\.m\.")
+    assert not minutes_only.search(superuser_client.get(LOCKS).content.decode())
+
+
+def test_a_run_running_long_is_marked_on_its_lock_and_filtered(superuser_client: Client) -> None:
+    now = database_now("default")
+    hour = dt.timedelta(hours=1)
+    with other_holder("default") as other:
+        token = other.try_acquire("long-job", ttl=600)
+        held = JobLock.objects.get(name="long-job")
+        JobRun.objects.create(
+            name="long-job", status="running", token=held.token, started_at=now - hour
+        )
+        for _ in range(3):
+            JobRun.objects.create(
+                name="long-job", status="succeeded", started_at=now - hour, duration=1.0
+            )
+        other.try_acquire("short-job", ttl=600)
+        page = superuser_client.get(LOCKS).content.decode()
+        assert "exclusive-jobs-running-long" in page
+        assert "1.0 s" in page  # its median
+        long_only = superuser_client.get(LOCKS, {"state": "running_long"}).content.decode()
+        assert "long-job" in long_only and "short-job" not in long_only
+        assert [lock.name for lock in JobLock.objects.running_long()] == ["long-job"]
+        assert token is not None

@@ -114,8 +114,8 @@ def test_on_call_engineer_force_releases_a_stale_lock_but_not_a_held_one(
         try:
             log_in(page, live_server.url)
             page.goto(f"{live_server.url}/admin/django_exclusive_jobs/joblock/")
-            rows = page.locator("#result_list tbody tr")
-            assert rows.count() == 3
+            for name in ("nightly_export", "hourly_report", "cleanup_sessions"):
+                assert page.locator("#result_list tbody tr", has_text=name).count() == 1
             held = page.locator("#result_list tbody tr", has_text="hourly_report")
             stale = page.locator("#result_list tbody tr", has_text="cleanup_sessions")
             assert held.locator(".exclusive-jobs-held").is_visible()
@@ -270,5 +270,60 @@ def test_a_viewer_sees_no_buttons_and_a_forged_post_is_refused(
             }"""
         )
         assert status == 403
+    finally:
+        context.close()
+
+
+def test_on_call_engineer_cancels_a_waiting_run_and_acknowledges_a_crashed_scheduler(
+    browser: Any, live_server: Any
+) -> None:
+    import datetime as dt
+
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.models import RunRequest, Scheduler
+    from django_exclusive_jobs.run import control
+
+    User.objects.create_superuser("oncall", password="correct horse")
+    now = database_now("default")
+    Scheduler.objects.create(  # killed with -9 three minutes ago
+        instance="k9",
+        host="web-3",
+        pid=4242,
+        jobs=["tick"],
+        started_at=now - dt.timedelta(hours=1),
+        last_beat_at=now - dt.timedelta(minutes=3),
+    )
+    waiting = control.request_run("quick", by="alice (admin)", using="default")
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live_server.url)
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        assert "scheduler web-3:4242: gone: no beat since" in page.inner_text("#scheduler-problems")
+        quick = page.locator("#jobs tr[data-job=quick]")
+        request = quick.locator(".exclusive-jobs-request")
+        assert "run now requested by alice (admin) at " in request.inner_text()
+        assert "unserved" in quick.locator(".exclusive-jobs-badge").first.inner_text()
+        problem = quick.locator(".exclusive-jobs-problem").first.inner_text()
+        assert problem.endswith("waits, and no live scheduler serves it")
+        shot(page, "admin-jobs-waiting-run")
+        quick.locator("a.button", has_text="Cancel").click()
+        assert "will not start" in page.inner_text("#what-happens")
+        page.click("#confirm")
+        assert "Cancelled the run of quick." in page.locator(".messagelist").inner_text()
+        assert page.locator("#jobs tr[data-job=quick] .exclusive-jobs-request").count() == 0
+        assert RunRequest.objects.get(pk=waiting.pk).cancelled_by == "oncall (admin)"
+
+        page.click("#scheduler-problems a")  # the Schedulers page, filtered to the problem
+        row = page.locator("#result_list tbody tr", has_text="web-3")
+        assert "gone" in row.locator(".exclusive-jobs-badge").inner_text()
+        assert "no clean stop" in row.inner_text()
+        shot(page, "admin-schedulers")
+        row.locator("input.action-select").check()
+        page.select_option("select[name=action]", "acknowledge")
+        page.click("button[name=index]")
+        assert "Acknowledged 1 gone scheduler." in page.locator(".messagelist").inner_text()
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        assert page.locator("#scheduler-problems").count() == 0
     finally:
         context.close()

@@ -1,8 +1,10 @@
-"""The admin's jobs page: every job, its health, and pause / resume / run now.
+"""The admin's jobs page (every job, its health; pause / resume / run now, cancel a
+waiting run) and the schedulers (alive / stopped / gone; acknowledge the gone).
 
-Viewing needs the view permission on "job"; pausing, resuming and asking for a run need
-the change permission. Every action is a POST with CSRF, after a page that says what
-it will do. The job's name travels as a form field, never in the URL path.
+Viewing needs the view permission on "job"; pausing, resuming, asking for a run and
+cancelling one need the change permission. Every action is a POST with CSRF, after a
+page that says what it will do. The job's name travels as a form field, never in the
+URL path.
 """
 
 from __future__ import annotations
@@ -11,26 +13,30 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
-from ..health import OK, overview
+from ..health import Health, overview
 from ..lock.validation import resolve_alias
-from ..models import JobState, Scheduler
+from ..models import JobState, RunRequest, Scheduler, SchedulerQuerySet, SchedulerState
 from ..run import control
 from ..run.registry import get_job
+from .display import moment, timestamp
 
 ACTIONS = {
     "pause": gettext_lazy("Pause"),
     "resume": gettext_lazy("Resume"),
     "run": gettext_lazy("Run now"),
+    "cancel": gettext_lazy("Cancel the waiting run"),
 }
 
 
-def what_happens(action: str, name: str) -> str:
+def what_happens(action: str, name: str, request: RunRequest | None = None) -> str:
     if action == "pause":
         return _(
             "Every server's starts of %(name)s will skip it (a cron line exits 0, a "
@@ -42,10 +48,16 @@ def what_happens(action: str, name: str) -> str:
             "%(name)s runs again from its next slot. The slots that passed while it was "
             "paused are not run."
         ) % {"name": name}
+    if action == "cancel":
+        assert request is not None
+        return _(
+            "The run of %(name)s asked for by %(who)s at %(when)s will not start. If a "
+            "scheduler has taken it already, it runs and is not stopped."
+        ) % {"name": name, "who": request.requested_by, "when": moment(request.requested_at)}
     return _(
         "%(name)s will run once, outside its schedule, on the next scheduler that looks "
         "(within seconds), under its lock, recorded as a manual run asked for by you. "
-        "If no scheduler is running, run 'manage.py exclusive_jobs run %(name)s' instead."
+        "If no scheduler serves it, run 'manage.py exclusive_jobs run %(name)s' instead."
     ) % {"name": name}
 
 
@@ -70,15 +82,13 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        jobs = overview(self._using())
         context = {
             **self.admin_site.each_context(request),
             "title": _("All jobs"),
             "opts": self.model._meta,
-            "overview": jobs,
-            "ok": OK,
+            "overview": overview(self._using()),
+            "ok": Health.OK,
             "can_change": self.has_change_permission(request),
-            "actions": ACTIONS,
         }
         return TemplateResponse(request, "admin/django_exclusive_jobs/jobstate/jobs.html", context)
 
@@ -89,33 +99,42 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def action_view(self, request: HttpRequest, action: str) -> HttpResponse:
         """GET: what the action will do, and a button; POST: do it."""
-        if action not in ACTIONS:
+        if action not in ACTIONS or not self.has_change_permission(request):
             raise PermissionDenied
-        if not self.has_change_permission(request):
-            raise PermissionDenied
-        name = (request.POST if request.method == "POST" else request.GET).get("job", "")
+        data = request.POST if request.method == "POST" else request.GET
+        name = data.get("job", "")
         if get_job(name) is None:
             messages.error(request, _("No job named %(name)r is declared.") % {"name": name})
             return self._back()
-        if request.method == "POST" and request.POST.get("confirm") == "yes":
-            self._do(request, action, name)
+        waiting = None
+        if action == "cancel":
+            waiting = self._waiting(name, data.get("request", ""))
+            if waiting is None:
+                messages.info(request, _("That run request no longer waits."))
+                return self._back()
+        if request.method == "POST" and data.get("confirm") == "yes":
+            self._do(request, action, name, waiting)
             return self._back()
         context = {
             **self.admin_site.each_context(request),
             "title": _("%(action)s %(name)s?") % {"action": ACTIONS[action], "name": name},
             "opts": self.model._meta,
             "job": name,
+            "run_request": waiting,
             "action": action,
             "action_label": ACTIONS[action],
-            "what_happens": what_happens(action, name),
+            "what_happens": what_happens(action, name, waiting),
         }
         return TemplateResponse(
             request, "admin/django_exclusive_jobs/jobstate/confirm.html", context
         )
 
-    def _do(self, request: HttpRequest, action: str, name: str) -> None:
-        user = request.user
-        who = f"{user.get_username()} (admin)"
+    def _waiting(self, name: str, request_id: str) -> RunRequest | None:
+        requests = RunRequest.objects.using(self._using()).pending().filter(name=name)
+        return requests.filter(pk=int(request_id)).first() if request_id.isdigit() else None
+
+    def _do(self, request: HttpRequest, action: str, name: str, waiting: RunRequest | None) -> None:
+        who = f"{request.user.get_username()} (admin)"
         using = self._using()
         if action == "pause":
             control.pause(name, by=who, using=using)
@@ -123,14 +142,21 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         elif action == "resume":
             control.resume(name, by=who, using=using)
             messages.success(request, _("Resumed %(name)s.") % {"name": name})
+        elif action == "cancel":
+            assert waiting is not None
+            if control.cancel(waiting.pk, by=who, using=using):
+                self.log_change(request, waiting, f"Cancelled run request {waiting.pk} of {name}")
+                messages.success(request, _("Cancelled the run of %(name)s.") % {"name": name})
+            else:
+                messages.warning(request, _("A run took the request first: it was not cancelled."))
         else:
             control.request_run(name, by=who, using=using)
             asked = _("Asked for a run of %(name)s: a scheduler will start it.")
             messages.success(request, asked % {"name": name})
-            if not Scheduler.objects.using(using).alive().exists():
+            if not any(row.serves(name) for row in Scheduler.objects.using(using).alive()):
                 alone = _(
-                    "No scheduler is running: the request waits for one. To run it now, "
-                    "run 'manage.py exclusive_jobs run %(name)s' on a server."
+                    "No live scheduler serves %(name)s: the request waits for one. To run it "
+                    "now, run 'manage.py exclusive_jobs run %(name)s' on a server."
                 )
                 messages.warning(request, alone % {"name": name})
 
@@ -142,17 +168,111 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return resolve_alias(None)
 
 
+class SchedulerStateFilter(admin.SimpleListFilter):
+    title = gettext_lazy("state")
+    parameter_name = "state"
+    PROBLEM = "unacknowledged"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [*SchedulerState.choices, (self.PROBLEM, gettext_lazy("gone, not acknowledged"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        assert isinstance(queryset, SchedulerQuerySet)
+        value = self.value()
+        if value in SchedulerState.values or value == self.PROBLEM:
+            result: QuerySet[Any] = getattr(queryset, str(value))()
+            return result
+        return queryset
+
+
 @admin.register(Scheduler)
 class SchedulerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Running (and recently gone) schedulers: their heartbeat rows, read-only."""
+    """Running, stopped and gone schedulers: their heartbeat rows, read-only. A gone one
+    (no beat, no clean stop) is a problem until acknowledged here or back on its host."""
 
-    list_display = ["host", "pid", "version", "served", "started_at", "last_beat_at", "stopped_at"]
-    list_filter = ["host"]
+    list_display = ["host", "pid", "state_badge", "last_beat", "served", "started", "version"]
+    list_filter = [SchedulerStateFilter, "host"]
     ordering = ["-last_beat_at"]
+    actions = ["acknowledge"]
+    _detail_fields = (
+        "host",
+        "pid",
+        "instance",
+        "version",
+        "state_badge",
+        "served",
+        "started",
+        "last_beat",
+        "stopped",
+        "acknowledged",
+    )
+    fields = _detail_fields
+    readonly_fields = _detail_fields
+
+    started = timestamp("started_at", gettext_lazy("started at"))
+    stopped = timestamp("stopped_at", gettext_lazy("stopped at"))
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Scheduler]:
+        queryset = super().get_queryset(request)
+        assert isinstance(queryset, SchedulerQuerySet)
+        return queryset.with_state()
+
+    @admin.display(description=gettext_lazy("state"), ordering="state")
+    def state_badge(self, row: Scheduler) -> str:
+        state = SchedulerState(row.state)  # type: ignore[attr-defined]
+        problem = " exclusive-jobs-problem-badge" if row.unacknowledged else ""  # type: ignore[attr-defined]
+        return format_html(
+            '<span class="exclusive-jobs-badge exclusive-jobs-scheduler-{}{}">{}</span>',
+            state.value,
+            problem,
+            state.label,
+        )
+
+    @admin.display(description=gettext_lazy("last heartbeat"), ordering="last_beat_at")
+    def last_beat(self, row: Scheduler) -> str:
+        when = moment(row.last_beat_at)
+        if row.state != SchedulerState.GONE:  # type: ignore[attr-defined]
+            return when
+        if row.acknowledged_at is not None:
+            said = _("no beat since %(when)s; acknowledged by %(who)s at %(at)s")
+            return said % {
+                "when": when,
+                "who": row.acknowledged_by,
+                "at": moment(row.acknowledged_at),
+            }
+        if row.unacknowledged:  # type: ignore[attr-defined]
+            return _("no beat since %(when)s, no clean stop") % {"when": when}
+        said = _("no beat since %(when)s; a scheduler started on %(host)s since")
+        return said % {"when": when, "host": row.host}
+
+    @admin.display(description=gettext_lazy("acknowledged"))
+    def acknowledged(self, row: Scheduler) -> str:
+        if row.acknowledged_at is None:
+            return "—"
+        return f"{row.acknowledged_by} {moment(row.acknowledged_at)}"
 
     @admin.display(description=gettext_lazy("jobs"))
     def served(self, row: Scheduler) -> str:
         return ", ".join(row.jobs or [])
+
+    @admin.action(
+        description=gettext_lazy("Acknowledge gone schedulers"), permissions=["acknowledge"]
+    )
+    def acknowledge(self, request: HttpRequest, queryset: QuerySet[Scheduler]) -> None:
+        assert isinstance(queryset, SchedulerQuerySet)
+        using = queryset.db
+        gone = list(queryset.unacknowledged())
+        who = f"{request.user.get_username()} (admin)"
+        done = control.acknowledge(queryset, by=who, using=using)
+        for row in gone:
+            self.log_change(request, row, f"Acknowledged: gone since {moment(row.last_beat_at)}")
+        said = ngettext(
+            "Acknowledged %(n)d gone scheduler.", "Acknowledged %(n)d gone schedulers.", done
+        )
+        self.message_user(request, said % {"n": done}, messages.SUCCESS if done else messages.INFO)
+
+    def has_acknowledge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_exclusive_jobs.change_scheduler")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -7,30 +7,28 @@ lock (lease not over) needs an extra confirmation, because its job may still be 
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
-from django.utils.timesince import timeuntil
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from ..conf import app_settings
-from ..lock.clock import DatabaseNow, database_now
-from ..models import JobLock, JobLockQuerySet, JobRun, LockState
-from ..run.status import RunStatus
+from ..models import JobLock, JobLockQuerySet, JobRun, LockState, running_long
+from .display import duration, span, timestamp
 
-STATE_STYLE = {
-    LockState.HELD: "held",
-    LockState.COOLDOWN: "cooldown",
-    LockState.STALE: "stale",
-    LockState.FREE: "free",
+MEANING = {
+    LockState.HELD: gettext_lazy("a holder has it and its lease has not run out"),
+    LockState.COOLDOWN: gettext_lazy("released by its holder, closed until min_hold ends"),
+    LockState.STALE: gettext_lazy("its lease ran out and its holder never released it"),
+    LockState.FREE: gettext_lazy("anyone may take it"),
 }
+RUNNING_LONG = "running_long"
 
 
 class LockStateFilter(admin.SimpleListFilter):
@@ -38,21 +36,25 @@ class LockStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [
-            ("held", gettext_lazy("held")),
-            ("suspect", gettext_lazy("held, suspect (running long)")),
-            ("cooldown", gettext_lazy("released, kept for min_hold")),
-            ("stale", gettext_lazy("stale: lease ran out, never released")),
-            ("free", gettext_lazy("free")),
-        ]
+        return [*LockState.choices, (RUNNING_LONG, gettext_lazy("held, running long"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         assert isinstance(queryset, JobLockQuerySet)
         value = self.value()
-        if value in ("held", "suspect", "cooldown", "stale", "free"):
-            result: QuerySet[Any] = getattr(queryset, value)()
+        if value in LockState.values or value == RUNNING_LONG:
+            result: QuerySet[Any] = getattr(queryset, str(value))()
             return result
         return queryset
+
+
+class LockChangeList(ChangeList):
+    """Reads each job's median duration once per page (one query), for the run time."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        medians = JobRun.objects.using(self.queryset.db).medians()
+        for lock in self.result_list:
+            lock.median = medians.get(lock.name)
 
 
 @admin.register(JobLock)
@@ -61,7 +63,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "name",
         "state_badge",
         "holder",
-        "acquired_at",
+        "acquired",
         "expires_in",
         "token",
         "run_time",
@@ -79,15 +81,21 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "pid",
         "instance",
         "thread",
-        "acquired_at",
-        "expires_at",
+        "acquired",
+        "expires",
         "expires_in",
-        "released_at",
+        "released",
         "run_time",
+        "first_seen",
     )
     fields = _detail_fields
     readonly_fields = _detail_fields
     list_per_page = 100
+
+    acquired = timestamp("acquired_at", gettext_lazy("acquired at"))
+    expires = timestamp("expires_at", gettext_lazy("lease expires at"))
+    released = timestamp("released_at", gettext_lazy("released at"))
+    first_seen = timestamp("created_at", gettext_lazy("first seen"))
 
     # Read-only rows: nobody adds or edits locks by hand. Deleting a row would lose its
     # token, so the delete permission is used only for the force-release actions.
@@ -110,27 +118,23 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return actions
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobLock]:
-        current_run = JobRun.objects.filter(
-            name=OuterRef("name"), token=OuterRef("token"), status=RunStatus.RUNNING
-        ).values("started_at")[:1]
         queryset = super().get_queryset(request)
         assert isinstance(queryset, JobLockQuerySet)
-        return queryset.with_state().annotate(
-            db_now=DatabaseNow(), run_started_at=Subquery(current_run)
-        )
+        return queryset.with_state().with_runs()
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return LockChangeList
 
     # columns ------------------------------------------------------------------
 
     @admin.display(description=gettext_lazy("state"), ordering="state")
     def state_badge(self, lock: JobLock) -> str:
-        state = getattr(lock, "state", None) or LockState.FREE
-        label = str(LockState(state).label)
-        if state == LockState.HELD and self._is_suspect(lock):
-            state, label = "suspect", _("held, suspect: running long")
+        state = LockState(getattr(lock, "state", None) or LockState.FREE)
         return format_html(
-            '<span class="exclusive-jobs-badge exclusive-jobs-{}">{}</span>',
-            STATE_STYLE.get(state, state),
-            label,
+            '<span class="exclusive-jobs-badge exclusive-jobs-{}" title="{}">{}</span>',
+            state.value,
+            MEANING[state],
+            state.label,
         )
 
     @admin.display(description=gettext_lazy("holder"), ordering="host")
@@ -143,42 +147,26 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def expires_in(self, lock: JobLock) -> str:
         if lock.expires_at is None:
             return "—"
-        now = getattr(lock, "db_now", None) or database_now(lock._state.db or "default")
+        now = lock.db_now  # type: ignore[attr-defined]
         if lock.expires_at > now:
-            return _("ends in %(time)s") % {"time": _span(lock.expires_at, now)}
-        return _("ended %(time)s ago") % {"time": _span(now, lock.expires_at)}
+            return _("ends in %(time)s") % {"time": span(lock.expires_at, now)}
+        return _("ended %(time)s ago") % {"time": span(now, lock.expires_at)}
 
     @admin.display(description=gettext_lazy("run time / median"))
     def run_time(self, lock: JobLock) -> str:
-        started = getattr(lock, "run_started_at", None)
-        if started is None or getattr(lock, "state", None) != LockState.HELD:
+        elapsed = lock.running_for
+        if elapsed is None:
             return "—"
-        elapsed = (lock.db_now - started).total_seconds()  # type: ignore[attr-defined]
-        median = self._median(lock)
-        if median is None:
-            return format_html("{} / —", _seconds(elapsed))
-        return format_html("{} / {}", _seconds(elapsed), _seconds(median))
-
-    def _median(self, lock: JobLock) -> float | None:
-        cache: dict[str, float | None] = getattr(self, "_median_cache", {})
-        if lock.name not in cache:
-            cache[lock.name] = JobRun.objects.using(lock._state.db).median_duration(lock.name)
-            self._median_cache = cache
-        return cache[lock.name]
-
-    def _is_suspect(self, lock: JobLock) -> bool:
-        started = getattr(lock, "run_started_at", None)
-        if started is None:
-            return False
-        median = self._median(lock)
-        if not median:
-            return False
-        elapsed = (lock.db_now - started).total_seconds()  # type: ignore[attr-defined]
-        return bool(elapsed > float(app_settings.SUSPECT_FACTOR) * median)
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        self._median_cache = {}
-        return super().changelist_view(request, extra_context)
+        median: float | None = getattr(lock, "median", None)
+        if not hasattr(lock, "median"):  # the detail page: the list reads them all at once
+            median = JobRun.objects.using(lock._state.db).medians().get(lock.name)
+        shown = format_html(
+            "{} / {}", duration(elapsed), "—" if median is None else duration(median)
+        )
+        if running_long(elapsed, median):
+            badge = '<span class="exclusive-jobs-badge exclusive-jobs-running-long">{}</span>'
+            return format_html("{} " + badge, shown, _("running long"))
+        return shown
 
     # actions ------------------------------------------------------------------
 
@@ -265,23 +253,3 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 f"Force-released lock (token {lock.token}, holder {lock.holder or '-'})",
             )
         return released
-
-
-def _span(later: dt.datetime, earlier: dt.datetime) -> str:
-    """How long from ``earlier`` to ``later``: in seconds under two minutes (a lease of a
-    few seconds must not read "0 minutes"), else as Django says it."""
-    seconds = (later - earlier).total_seconds()
-    if seconds < 120:
-        whole = int(seconds)
-        return ngettext("%(n)d second", "%(n)d seconds", whole) % {"n": whole}
-    return timeuntil(later, earlier)
-
-
-def _seconds(value: float) -> str:
-    if value < 1:
-        return f"{value * 1000:.0f} ms"
-    if value < 120:
-        return f"{value:.1f} s"
-    if value < 7200:
-        return f"{value / 60:.1f} min"
-    return f"{value / 3600:.1f} h"

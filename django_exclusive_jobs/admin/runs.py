@@ -6,14 +6,13 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import URLPattern, path, reverse
+from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy
 
 from ..models import JobRun
 from ..run.status import RunStatus
-from .locks import _seconds
+from .display import duration, timestamp
 
 
 class RunStatusFilter(admin.SimpleListFilter):
@@ -34,10 +33,10 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = [
         "name",
         "status_badge",
-        "started_at",
+        "started",
         "duration_text",
         "host",
-        "slot",
+        "slot_time",
         "token",
         "attempts",
     ]
@@ -49,9 +48,9 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     _detail_fields = (
         "name",
         "status_badge",
-        "slot",
-        "started_at",
-        "finished_at",
+        "slot_time",
+        "started",
+        "finished",
         "duration_text",
         "host",
         "pid",
@@ -69,6 +68,10 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     readonly_fields = _detail_fields
     change_list_template = "admin/django_exclusive_jobs/jobrun/change_list.html"
 
+    started = timestamp("started_at", gettext_lazy("started at"))
+    finished = timestamp("finished_at", gettext_lazy("finished at"))
+    slot_time = timestamp("slot", gettext_lazy("slot"))
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -85,22 +88,10 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=gettext_lazy("duration"), ordering="duration")
     def duration_text(self, run: JobRun) -> str:
-        return "—" if run.duration is None else _seconds(run.duration)
+        return "—" if run.duration is None else duration(run.duration)
 
     @admin.display(description=gettext_lazy("error and traceback"))
     def error_text(self, run: JobRun) -> str:
         if not run.error:
             return "—"
         return format_html('<pre class="exclusive-jobs-traceback">{}</pre>', run.error)
-
-    def get_urls(self) -> list[URLPattern]:
-        summary = path(
-            "summary/",
-            self.admin_site.admin_view(self.summary_view),
-            name="django_exclusive_jobs_jobrun_summary",
-        )
-        return [summary, *super().get_urls()]
-
-    def summary_view(self, request: HttpRequest) -> HttpResponse:
-        """The old "jobs at a glance" page: the jobs page replaced it."""
-        return HttpResponseRedirect(reverse("admin:django_exclusive_jobs_jobstate_changelist"))

@@ -1,4 +1,5 @@
-"""What operators do to a job: pause it, resume it, ask for a run now.
+"""What operators do: pause a job, resume it, ask for a run now or cancel that request,
+and acknowledge a scheduler that is gone.
 
 Pausing is a row in the database (``JobState``), so every server honours it: a start
 of a paused job takes the lock, sees the pause, and skips (exit 0). Slots that pass
@@ -8,7 +9,8 @@ A run asked for now is a ``RunRequest`` row. The command runs it at once, here; 
 asked for in the admin is run by the next scheduler that polls (within seconds). The
 run takes the job's lock like any other and marks the request taken in the same
 decision, so two clicks give two runs and two schedulers never run one request twice.
-A manual run is recorded without a slot, with who asked; a paused job still runs it.
+A manual run is recorded with who asked; a paused job still runs it. A request no run
+has taken yet may be cancelled; the row keeps who cancelled it and when.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .registry import get_job
 from .runner import Run, RunResult
 
 if TYPE_CHECKING:
-    from ..models import RunRequest
+    from ..models import RunRequest, SchedulerQuerySet
 
 
 def pause(name: str, *, by: str, using: str) -> None:
@@ -59,17 +61,36 @@ def request_run(name: str, *, by: str, using: str) -> RunRequest:
 
 
 def pending(names: list[str], *, using: str) -> list[RunRequest]:
-    """Requests for these jobs that no run has taken yet, oldest first (one query)."""
+    """Requests for these jobs that wait for a run, oldest first (one query)."""
     from ..models import RunRequest
 
-    return run_statement(
-        using,
-        lambda: list(
-            RunRequest.objects.using(using)
-            .filter(taken_at__isnull=True, name__in=names)
-            .order_by("id")
-        ),
-    )
+    waiting = RunRequest.objects.using(using).pending().filter(name__in=names).order_by("id")
+    return run_statement(using, lambda: list(waiting))
+
+
+def cancel(request_id: int, *, by: str, using: str) -> bool:
+    """Cancel a run request no run has taken yet; False if it was taken (or cancelled)
+    first. A run that takes a request marks it taken in one conditional UPDATE, so a
+    request is either run once or cancelled, never both."""
+    from ..models import RunRequest
+
+    waiting = RunRequest.objects.using(using).pending().filter(pk=request_id)
+    now = DatabaseNow()  # taken_at too: no run may take it from now on
+    values = {"taken_at": now, "cancelled_at": now, "cancelled_by": by[:255]}
+    return bool(run_statement(using, lambda: waiting.update(**values)))
+
+
+def acknowledge(schedulers: SchedulerQuerySet, *, by: str, using: str) -> int:
+    """Acknowledge the gone ones among ``schedulers``: they are no problem from now on.
+    Return how many."""
+    from ..models import Scheduler
+
+    # Ids first: MySQL refuses an UPDATE whose subquery reads the table it updates.
+    gone = schedulers.using(using).unacknowledged().values_list("pk", flat=True)
+    ids = run_statement(using, lambda: list(gone))
+    rows = Scheduler.objects.using(using).filter(pk__in=ids, acknowledged_at__isnull=True)
+    values = {"acknowledged_at": DatabaseNow(), "acknowledged_by": by[:255]}
+    return run_statement(using, lambda: rows.update(**values))
 
 
 def run_now(

@@ -12,10 +12,12 @@ class RunStatus(models.TextChoices):
     """The one vocabulary for runs: history rows, run results, signals, logs and exit codes.
 
     ``running`` while a run goes on (or when its server died before anyone noticed);
-    ``missed`` is a scheduled slot no server ran (recorded by the first start that notices);
-    ``enqueued`` is a run that handed a ``django.tasks`` Task to its backend's workers;
-    ``skipped`` is never stored: the job did not run here because another server held the
-    lock or had already run the slot.
+    ``interrupted`` is a run stopped by a signal (a scheduler's graceful stop in a deploy);
+    ``lost`` is a run whose lock was lost while it ran; ``missed`` is a scheduled slot no
+    server ran (recorded by the first start that notices); ``enqueued`` is a run that
+    handed a ``django.tasks`` Task to its backend's workers; ``skipped`` is never stored:
+    the job did not run here because another server held the lock or had already run the
+    slot.
     """
 
     RUNNING = "running", _("running")
@@ -31,6 +33,12 @@ class RunStatus(models.TextChoices):
     def stored(cls) -> list[tuple[str, Any]]:
         """The statuses a history row can have (every one but ``skipped``)."""
         return [(value, label) for value, label in cls.choices if value != cls.SKIPPED]
+
+    @classmethod
+    def failures(cls) -> list[str]:
+        """The ends that make a job "failing" until a run succeeds: failed and lost. An
+        interrupted run is a stop, not a failure: a problem only when it repeats."""
+        return [cls.FAILED, cls.LOST]
 
     @classmethod
     def unsuccessful(cls) -> list[str]:
