@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
+from itertools import islice
 
 import pytest
 from django.test import override_settings
@@ -106,3 +107,125 @@ def test_cron_default_time_zone_is_settings_time_zone() -> None:
         schedule = make_schedule(cron="0 9 * * *")
     assert isinstance(schedule, Cron)
     assert schedule.timezone == "America/New_York"
+
+
+# Daylight-saving nights, minute by minute: (zone, expression, first minute, last minute
+# checked, every slot from one before the first minute to one after the last, in UTC).
+DST_NIGHTS = {
+    "paris-spring-forward": (
+        "Europe/Paris",
+        "30 2 * * *",
+        "2026-03-29 00:00",
+        "2026-03-29 03:00",
+        # 02:30 does not exist: the slot is 03:00 CEST
+        ["2026-03-28 01:30", "2026-03-29 01:00", "2026-03-30 00:30"],
+    ),
+    "paris-fall-back": (
+        "Europe/Paris",
+        "30 2 * * *",
+        "2026-10-25 00:00",
+        "2026-10-25 03:00",
+        # 02:30 happens twice: the slot is the first, 02:30 CEST
+        ["2026-10-24 00:30", "2026-10-25 00:30", "2026-10-26 01:30"],
+    ),
+    "paris-fall-back-hourly": (
+        "Europe/Paris",
+        "30 * * * *",
+        "2026-10-25 00:00",
+        "2026-10-25 03:00",
+        # a wildcard hour runs in both 02:00 hours
+        [
+            "2026-10-24 23:30",
+            "2026-10-25 00:30",
+            "2026-10-25 01:30",
+            "2026-10-25 02:30",
+            "2026-10-25 03:30",
+        ],
+    ),
+    "new-york-spring-forward": (
+        "America/New_York",
+        "30 2 * * *",
+        "2026-03-08 05:00",
+        "2026-03-08 09:00",
+        ["2026-03-07 07:30", "2026-03-08 07:00", "2026-03-09 06:30"],
+    ),
+    "new-york-fall-back": (
+        "America/New_York",
+        "30 1 * * *",
+        "2026-11-01 04:00",
+        "2026-11-01 08:00",
+        ["2026-10-31 05:30", "2026-11-01 05:30", "2026-11-02 06:30"],
+    ),
+    "new-york-fall-back-hourly": (
+        "America/New_York",
+        "30 * * * *",
+        "2026-11-01 04:00",
+        "2026-11-01 08:00",
+        [
+            "2026-11-01 03:30",
+            "2026-11-01 04:30",
+            "2026-11-01 05:30",
+            "2026-11-01 06:30",
+            "2026-11-01 07:30",
+            "2026-11-01 08:30",
+        ],
+    ),
+    "lord-howe-fall-back": (
+        # 02:00 +11 becomes 01:30 +10:30: 01:45 happens twice, the slot is the first
+        "Australia/Lord_Howe",
+        "45 1 * * *",
+        "2026-04-04 13:00",
+        "2026-04-04 17:00",
+        ["2026-04-03 14:45", "2026-04-04 14:45", "2026-04-05 15:15"],
+    ),
+    "lord-howe-fall-back-quarter-hours": (
+        "Australia/Lord_Howe",
+        "*/15 * * * *",
+        "2026-04-04 14:00",
+        "2026-04-04 16:00",
+        # a wildcard hour runs in both 01:30-02:00 half hours: every 15 minutes in UTC
+        [
+            f"2026-04-04 {hour}:{minute}"
+            for hour in ("14", "15")
+            for minute in ("00", "15", "30", "45")
+        ]
+        + ["2026-04-04 13:45", "2026-04-04 16:00", "2026-04-04 16:15"],
+    ),
+    "lord-howe-spring-forward": (
+        # 02:00 +10:30 becomes 02:30 +11: 02:15 does not exist, the slot is 02:30
+        "Australia/Lord_Howe",
+        "15 2 * * *",
+        "2026-10-03 14:00",
+        "2026-10-03 17:00",
+        ["2026-10-02 15:45", "2026-10-03 15:30", "2026-10-04 15:15"],
+    ),
+}
+
+
+@pytest.mark.parametrize("night", list(DST_NIGHTS))
+def test_cron_slots_minute_by_minute_through_a_dst_night(night: str) -> None:
+    zone, expression, first, last, slot_texts = DST_NIGHTS[night]
+    schedule = Cron(expression=expression, timezone=zone)
+    slots = sorted(at(text) for text in slot_texts)
+    minute = at(first)
+    while minute <= at(last):
+        for moment in (minute, minute + dt.timedelta(seconds=30)):
+            latest = max(slot for slot in slots if slot <= moment)
+            upcoming = min(slot for slot in slots if slot > moment)
+            found, gap = schedule.latest_at_or_before(moment)
+            assert (found.astimezone(UTC), gap) == (latest, upcoming - latest), moment
+            assert schedule.next_after(moment) == upcoming, moment
+        minute += dt.timedelta(minutes=1)
+
+
+@pytest.mark.parametrize("night", list(DST_NIGHTS))
+def test_cron_slots_are_utc(night: str) -> None:
+    """Callers compare slots with database times: a local time in a repeated hour would
+    never be equal to the same instant in UTC."""
+    zone, expression, first, _, _ = DST_NIGHTS[night]
+    schedule = Cron(expression=expression, timezone=zone)
+    latest, _ = schedule.latest_at_or_before(at(first))
+    assert latest.tzinfo is UTC
+    assert schedule.next_after(at(first)).tzinfo is UTC
+    assert schedule.slot_at(at(first)).tzinfo is UTC
+    assert all(slot.tzinfo is UTC for slot in islice(schedule.slots_back(latest), 3))

@@ -33,20 +33,20 @@ class Schedule:
         raise NotImplementedError
 
     def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
-        """The latest scheduled instant <= moment, and the gap to the next one."""
+        """The latest scheduled instant <= moment (UTC), and the gap to the next one."""
         raise NotImplementedError
 
     def next_after(self, moment: dt.datetime) -> dt.datetime:
         """The first scheduled instant strictly after ``moment`` (UTC)."""
         slot, interval = self.latest_at_or_before(moment)
-        return (slot.astimezone(dt.UTC) + interval).astimezone(dt.UTC)
+        return slot + interval
 
     def slots_back(self, slot: dt.datetime) -> Iterator[dt.datetime]:
         """``slot`` and the scheduled instants before it, newest first (UTC)."""
+        slot = slot.astimezone(dt.UTC)  # local arithmetic would drop `fold`
         while True:
             yield slot
             slot, _ = self.latest_at_or_before(slot - dt.timedelta(microseconds=1))
-            slot = slot.astimezone(dt.UTC)
 
     def early_allowance(self, moment: dt.datetime) -> dt.timedelta:
         """How early a start may be and still serve the coming slot (the slot tolerance,
@@ -61,7 +61,7 @@ class Schedule:
         """The slot (a UTC datetime) that a run starting at ``now`` serves."""
         now = now.astimezone(dt.UTC)  # local arithmetic would drop `fold`
         slot, _ = self.latest_at_or_before(now + self.early_allowance(now))
-        return slot.astimezone(dt.UTC)
+        return slot
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,21 @@ class Every(Schedule):
         return EPOCH + (elapsed // self.period) * self.period, self.period
 
 
+# A reverse walk started soon after a change of UTC offset may find an instant that the
+# forward walk (the one that defines the slots) skips: "0 */2 * * *" on Lord Howe's 30-minute
+# fall-back goes 00:00 -> 04:00, yet walking back from 02:10 finds 02:00. A forward walk
+# starts from a slot this far clear of any change.
+SETTLED = dt.timedelta(hours=3)
+
+
 @dataclass(frozen=True)
 class Cron(Schedule):
-    """A cron expression, evaluated in ``timezone`` (DST handled as Debian cron does)."""
+    """A cron expression, evaluated in ``timezone`` (DST handled as Debian cron does).
+
+    The slots are exactly the instants CronSim's forward walk gives: a fixed-time job whose
+    time is skipped by a spring-forward runs once right after the jump, one whose time is
+    repeated by a fall-back runs once, at the first; a wildcard-hour job runs in both hours.
+    """
 
     expression: str = "0 * * * *"
     timezone: str = "UTC"
@@ -90,13 +102,43 @@ class Cron(Schedule):
 
     def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
         zone = zoneinfo.ZoneInfo(self.timezone)
-        # CronSim's reverse walk yields instants strictly before its start. Add in UTC:
-        # arithmetic on local times drops `fold` and would confuse a repeated hour.
-        utc = moment.astimezone(dt.UTC).replace(microsecond=0)
-        start = (utc + dt.timedelta(seconds=1)).astimezone(zone)
-        slot = next(CronSim(self.expression, start, reverse=True))
-        following = next(CronSim(self.expression, slot))
-        return slot, following.astimezone(dt.UTC) - slot.astimezone(dt.UTC)
+        moment = moment.astimezone(dt.UTC)
+        # Walk forward, never back: CronSim drops `fold` when a fixed-time walk starts in a
+        # repeated hour, and a reverse walk there finds yesterday's slot.
+        start = self._settled_slot(moment, zone)
+        latest = start.astimezone(dt.UTC)
+        for local in CronSim(self.expression, start):
+            slot = local.astimezone(dt.UTC)
+            if slot > moment:
+                return latest, slot - latest
+            latest = slot
+        raise self._no_slot(moment)
+
+    def _settled_slot(self, moment: dt.datetime, zone: zoneinfo.ZoneInfo) -> dt.datetime:
+        """A slot at or before ``moment`` (UTC) with no change of UTC offset in the
+        ``SETTLED`` before it: usually the latest slot, found in one reverse step."""
+        before = moment
+        while True:
+            # CronSim's reverse walk gives instants strictly before its start. Add in UTC:
+            # arithmetic on local times drops `fold` and would confuse a repeated hour.
+            start = (before.replace(microsecond=0) + dt.timedelta(seconds=1)).astimezone(zone)
+            candidate = next(CronSim(self.expression, start, reverse=True), None)
+            if candidate is None:
+                raise self._no_slot(moment)
+            slot = candidate.astimezone(dt.UTC)
+            if slot <= moment and _offset(slot - SETTLED, zone) == _offset(slot, zone):
+                return candidate
+            before = min(slot, before) - SETTLED
+
+    def _no_slot(self, moment: dt.datetime) -> LockConfigurationError:
+        return LockConfigurationError(
+            f"Cron expression {self.expression!r} has no slot within 50 years of "
+            f"{moment:%Y-%m-%d}; give an expression that matches a date that exists."
+        )
+
+
+def _offset(moment: dt.datetime, zone: zoneinfo.ZoneInfo) -> dt.timedelta | None:
+    return moment.astimezone(zone).utcoffset()
 
 
 def make_schedule(
