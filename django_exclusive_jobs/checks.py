@@ -122,9 +122,9 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     keep = duration("KEEP_RUNS")
     if keep is not None and keep <= dt.timedelta(0):
         error("E009", "KEEP_RUNS", "must be positive.", "prune_job_runs keeps this much history.")
-    factor = merged["SUSPECT_FACTOR"]
+    factor = merged["RUNNING_LONG_FACTOR"]
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
-        error("E010", "SUSPECT_FACTOR", f"must be a number above 1, not {factor!r}.")
+        error("E010", "RUNNING_LONG_FACTOR", f"must be a number above 1, not {factor!r}.")
     busy = duration("BUSY_TIMEOUT")
     if busy is not None and busy < dt.timedelta(0):
         error("E011", "BUSY_TIMEOUT", "must not be negative.")

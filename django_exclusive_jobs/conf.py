@@ -21,9 +21,9 @@ DEFAULTS: dict[str, Any] = {
     "SLOT_TOLERANCE": dt.timedelta(seconds=30),
     # How long run history is kept by prune_job_runs.
     "KEEP_RUNS": dt.timedelta(days=30),
-    # A held lock is "suspect" when its run has lasted this many times the job's
-    # median successful duration.
-    "SUSPECT_FACTOR": 3,
+    # A run is "running long" when it has lasted this many times the job's median
+    # successful duration.
+    "RUNNING_LONG_FACTOR": 3,
     # How long to keep retrying a statement the database refused for contention:
     # SQLite's "database is locked", a MySQL/MariaDB deadlock or row-lock timeout.
     "BUSY_TIMEOUT": dt.timedelta(seconds=30),
@@ -37,6 +37,7 @@ GONE = {
     "PREPARE_STATEMENTS": "the lock's statements run through Django's cursor like every "
     "other query (to prepare statements, set the driver's own options in DATABASES)",
     "SQLITE_BUSY_TIMEOUT": "it is called BUSY_TIMEOUT now (it covers MySQL and MariaDB too)",
+    "SUSPECT_FACTOR": "it is called RUNNING_LONG_FACTOR now (one word for a long run)",
 }
 
 

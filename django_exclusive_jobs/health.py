@@ -286,8 +286,8 @@ def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedul
         found.append(
             (
                 Health.RUNNING_LONG,
-                f"running for {health.running_for:.0f}s, {float(app_settings.SUSPECT_FACTOR):g}x "
-                f"its median of {health.median:.1f}s",
+                f"running for {health.running_for:.0f}s, "
+                f"{float(app_settings.RUNNING_LONG_FACTOR):g}x its median of {health.median:.1f}s",
             )
         )
     unrun = None if job is None or health.paused else _unrun_slot(health, job, now)

@@ -66,11 +66,11 @@ def running_long(
     running_for: float | None, median: float | None, factor: float | None = None
 ) -> bool:
     """The one rule for "running long": a run has lasted over ``factor`` (the setting
-    ``SUSPECT_FACTOR``) times its job's median duration (:meth:`JobRunQuerySet.medians`).
+    ``RUNNING_LONG_FACTOR``) times its job's median duration (:meth:`JobRunQuerySet.medians`).
     Shown to people, never acted on."""
     from .conf import app_settings
 
-    factor = float(app_settings.SUSPECT_FACTOR if factor is None else factor)
+    factor = float(app_settings.RUNNING_LONG_FACTOR if factor is None else factor)
     return running_for is not None and bool(median) and running_for > factor * (median or 0)
 
 
@@ -137,9 +137,6 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
             if running_long(lock.running_for, medians.get(lock.name), factor)
         ]
         return self.filter(name__in=names)
-
-    # exclusive_locks (management/) still asks for it by its old name (issue 23).
-    suspect = running_long
 
     def force_release(self) -> int:
         """Free these locks now, whoever holds them; return how many changed.

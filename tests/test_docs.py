@@ -1553,7 +1553,7 @@ def test_exclusive_jobs_prints_the_documented_lines(sqlite: str) -> None:
     current = every_hour.slot_at(now)
     runs = JobRun.objects.using(sqlite)
     # failing: its last run failed.
-    JobLock.objects.using(sqlite).create(name="broken", token=1)
+    JobLock.objects.using(sqlite).update_or_create(name="broken", defaults={"token": 1})
     runs.create(name="broken", status=RunStatus.FAILED, started_at=now, finished_at=now)
     # stale lock: a holder that never released it.
     hold_in_other_thread("slow")
@@ -1578,6 +1578,33 @@ def test_exclusive_jobs_prints_the_documented_lines(sqlite: str) -> None:
         started_at=now - hour,
         last_beat_at=now - hour,
     )
+
+    # unserved: a run asked for now waits, and no live scheduler serves the job.
+    from django_exclusive_jobs.run import control
+
+    control.request_run("quick", by="alice", using=sqlite)
+    # never ran: declared two hours ago, every hour, and no run since.
+    exclusive_job("docs_new", every="1h")(lambda: None)
+    JobLock.objects.using(sqlite).update_or_create(
+        name="docs_new", defaults={"token": 0, "created_at": now - 2 * hour}
+    )
+    # unserved: a slot went unrun and no live scheduler serves the job (the live one
+    # serves the jobs above, which are missed or never ran instead).
+    exclusive_job("docs_unserved", every="1h")(lambda: None)
+    JobLock.objects.using(sqlite).create(name="docs_unserved", token=1)
+    runs.create(name="docs_unserved", slot=current - 2 * hour, status="succeeded", started_at=now)
+    Scheduler.objects.using(sqlite).create(
+        instance="alive",
+        host="web-2",
+        pid=2,
+        jobs=["docs_overdue", "docs_new", "docs_noticed"],
+        started_at=now,
+        last_beat_at=now,
+    )
+    # interrupted: twice in a row (one graceful stop is no problem).
+    exclusive_job("docs_cut")(lambda: None)
+    for _ in range(2):
+        runs.create(name="docs_cut", status=RunStatus.INTERRUPTED, started_at=now, finished_at=now)
 
     code, problems = run("--check")
     assert code == 1
@@ -1634,7 +1661,7 @@ def test_health_view_samples(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> No
         fine = client.get("/jobs/health/", headers=bearer)
         assert fine.status_code == 200 and fine.json()["ok"] is True
         now = database_now(sqlite)
-        JobLock.objects.using(sqlite).create(name="broken", token=1)
+        JobLock.objects.using(sqlite).update_or_create(name="broken", defaults={"token": 1})
         JobRun.objects.using(sqlite).create(
             name="broken", status=RunStatus.FAILED, started_at=now, finished_at=now
         )

@@ -1,4 +1,4 @@
-"""Run history, once-per-slot, retries, pruning and stale/suspect locks, per backend."""
+"""Run history, once-per-slot, retries, pruning and stale and running-long locks, per backend."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def test_prune_default_age_comes_from_keep_runs(alias: str, settings: object) ->
     assert JobRun.objects.using(alias).count() == 1
 
 
-def test_stale_and_suspect_locks(alias: str) -> None:
+def test_stale_and_running_long_locks(alias: str) -> None:
     for _ in range(5):
         JobRun.objects.using(alias).create(
             name="slowish",
@@ -269,11 +269,11 @@ def test_stale_and_suspect_locks(alias: str) -> None:
         token=lock.token,
         started_at=now_plus(-dt.timedelta(seconds=10)),
     )
-    assert list(JobLock.objects.using(alias).suspect().values_list("name", flat=True)) == [
+    assert list(JobLock.objects.using(alias).running_long().values_list("name", flat=True)) == [
         "slowish"
     ]
-    assert not JobLock.objects.using(alias).suspect(factor=20).exists()
+    assert not JobLock.objects.using(alias).running_long(factor=20).exists()
     assert not JobLock.objects.using(alias).stale().exists()
     expire_now(alias, "slowish")
     assert list(JobLock.objects.using(alias).stale().values_list("name", flat=True)) == ["slowish"]
-    assert not JobLock.objects.using(alias).suspect().exists()  # expired: stale, not held
+    assert not JobLock.objects.using(alias).running_long().exists()  # expired: stale, not held

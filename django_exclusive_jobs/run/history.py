@@ -145,9 +145,7 @@ def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
     requests = RunRequest.objects.using(lock.using).filter(pk=request.pk)
     taken = run_statement(
         lock.using,
-        lambda: requests.filter(taken_at__isnull=True).update(
-            taken_at=DatabaseNow(), taken_by=lock.holder
-        ),
+        lambda: requests.pending().update(taken_at=DatabaseNow(), taken_by=lock.holder),
     )
     if not taken:
         return Claim(None, why=f"run request {request.pk} was taken by another run")

@@ -125,7 +125,8 @@ class Scheduler:
         self.grace = grace
         self.report = report
         self.clock = DatabaseClock(using)
-        self.heartbeat = Heartbeat(using, sorted(self.jobs))
+        # Every job it serves, with a schedule or only on request ("run now").
+        self.heartbeat = Heartbeat(using, sorted(set(self.jobs) | set(self.on_request)))
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
         self.running: dict[str, Active] = {}

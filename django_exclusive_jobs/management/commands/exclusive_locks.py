@@ -87,15 +87,15 @@ class Command(JobCommand):
         locks = JobLock.objects.using(alias)
         queryset = (locks.stale() if stale else locks.all()).with_state().order_by("name")
         rows = run_statement(alias, lambda: list(queryset))
-        suspect = set(
-            run_statement(alias, lambda: list(locks.suspect().values_list("name", flat=True)))
+        running_long = set(
+            run_statement(alias, lambda: list(locks.running_long().values_list("name", flat=True)))
         )
         now = database_now(alias)
         records = [
             {
                 "name": lock.name,
                 "state": lock.state,  # type: ignore[attr-defined]
-                "suspect": lock.name in suspect,
+                "running_long": lock.name in running_long,
                 "holder": lock.holder,
                 "host": lock.host,
                 "pid": lock.pid,
@@ -124,7 +124,7 @@ class Command(JobCommand):
                 if left is None
                 else (f"ends in {left:.0f}s" if left > 0 else f"ended {-left:.0f}s ago")
             )
-            state = record["state"] + ("!" if record["suspect"] else "")
+            state = record["state"] + ("!" if record["running_long"] else "")
             self.stdout.write(
                 f"{record['name']:<{width}}  {state:<9} {record['token']:>6}  {lease:<15} "
                 f"{record['holder'] or '-'}"
