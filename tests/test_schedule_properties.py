@@ -12,6 +12,7 @@ import datetime as dt
 import functools
 import itertools
 import zoneinfo
+from collections.abc import Iterator
 
 from cronsim import CronSim
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ NAMED_ZONES = [
     "Asia/Kolkata",
     "Pacific/Chatham",  # +12:45 / +13:45
     "Antarctica/Troll",  # 2-hour DST
+    "America/St_Johns",  # fell back across midnight until 2011
     "UTC",
 ]
 ZONES = NAMED_ZONES + sorted(zoneinfo.available_timezones())[::15]
@@ -46,6 +48,7 @@ EXPRESSIONS = {
     "*/15 1,2 * * *": dt.timedelta(days=4),
     "0 */2 * * *": dt.timedelta(hours=24),
     "30 0,1,2,3 * * *": dt.timedelta(days=4),
+    "*/20 0-3 * * *": dt.timedelta(days=4),
 }
 
 
@@ -75,22 +78,36 @@ def transitions(zone_name: str, year: int) -> tuple[dt.datetime, ...]:
     return tuple(found)
 
 
+def walk(expression: str, zone: zoneinfo.ZoneInfo, start: dt.datetime) -> Iterator[dt.datetime]:
+    """CronSim's forward iteration from ``start``, in UTC. Where CronSim gives an instant
+    again (a fall-back across midnight, St. John's until 2011), it resumes at each next
+    minute until it moves on."""
+    latest = resume = start
+    cron = CronSim(expression, start.astimezone(zone))
+    while True:
+        slot = next(cron).astimezone(UTC)
+        if slot > latest:
+            yield slot
+            latest = resume = slot
+        else:
+            resume += dt.timedelta(minutes=1)
+            cron = CronSim(expression, (resume - dt.timedelta(seconds=1)).astimezone(zone))
+
+
 def following(expression: str, zone: zoneinfo.ZoneInfo, slot: dt.datetime) -> dt.datetime:
     """The slot after ``slot`` by CronSim's forward iteration (UTC)."""
-    return next(CronSim(expression, slot.astimezone(zone))).astimezone(UTC)
+    return next(walk(expression, zone, slot))
 
 
 def reference(expression: str, zone_name: str, moment: dt.datetime) -> tuple[dt.datetime, ...]:
     """(last slot <= moment, first slot > moment), walking CronSim forward from long before."""
-    zone = zoneinfo.ZoneInfo(zone_name)
     latest = None
-    for local in CronSim(expression, (moment - EXPRESSIONS[expression]).astimezone(zone)):
-        slot = local.astimezone(UTC)
+    for slot in walk(expression, zoneinfo.ZoneInfo(zone_name), moment - EXPRESSIONS[expression]):
         if slot > moment:
             assert latest is not None, "the reference walk must start before a slot"
             return latest, slot
         latest = slot
-    raise AssertionError("CronSim ran out of slots")
+    raise AssertionError("unreachable")
 
 
 @st.composite

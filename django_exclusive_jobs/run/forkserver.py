@@ -31,6 +31,7 @@ from contextlib import suppress
 from typing import Any
 
 HEADER = struct.Struct("!I")
+ANSWER_WITHIN = 60.0  # seconds the fork server has to answer a request
 EXIT = struct.Struct("!i")
 
 
@@ -43,16 +44,23 @@ class Child:
 
     def __init__(self, pid: int, exit_pipe: int) -> None:
         self.pid = pid
-        self.sentinel = exit_pipe  # readable once the child has exited
+        self.sentinel: int | None = exit_pipe  # readable once the child has exited
         self.exitcode: int | None = None
+        # The fork server died before the child: its exit code will never come (the job
+        # itself goes on; its report connection tells when it ends).
+        self.orphaned = False
 
     def poll(self) -> int | None:
         """The exit code once the child has exited (without blocking), else None."""
-        if self.exitcode is None and select.select([self.sentinel], [], [], 0)[0]:
-            data = os.read(self.sentinel, EXIT.size)
-            os.close(self.sentinel)
-            # No code: the fork server died before the child; its fate is unknown.
-            self.exitcode = EXIT.unpack(data)[0] if len(data) == EXIT.size else -signal.SIGKILL
+        sentinel = self.sentinel
+        if sentinel is not None and select.select([sentinel], [], [], 0)[0]:
+            data = os.read(sentinel, EXIT.size)
+            os.close(sentinel)
+            self.sentinel = None
+            if len(data) == EXIT.size:
+                self.exitcode = EXIT.unpack(data)[0]
+            else:
+                self.orphaned = True
         return self.exitcode
 
 
@@ -70,45 +78,57 @@ class ForkServer:
         self.close()
         ours, theirs = socket.socketpair()
         code = f"from django_exclusive_jobs.run.forkserver import serve; serve({theirs.fileno()})"
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", code],
-            pass_fds=[theirs.fileno()],
-            env=child_environment(),
-            stdin=subprocess.DEVNULL,
-        )
-        theirs.close()
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", code],
+                pass_fds=[theirs.fileno()],
+                env=child_environment(),
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        # A fork server stuck in Django's set-up must not hang the scheduler for ever.
+        ours.settimeout(ANSWER_WITHIN)
         self._socket = ours
 
     def start(self, request: Any, report_fd: int) -> Child:
         """Fork a child that runs ``process.main(*request, report)``."""
         self.ensure_running()
         assert self._socket is not None
+        payload = pickle.dumps(request)
+        message = HEADER.pack(len(payload)) + payload
         exit_read, exit_write = os.pipe()
         try:
-            payload = pickle.dumps(request)
-            socket.send_fds(
-                self._socket, [HEADER.pack(len(payload)) + payload], [report_fd, exit_write]
-            )
+            socket.send_fds(self._socket, [message], [report_fd, exit_write])
             answer = _receive_exactly(self._socket, 4)
-        except OSError as exc:
+        except OSError as exc:  # a timeout too
             os.close(exit_read)
             self.close()
             raise ForkServerGone(f"the fork server did not answer: {exc}") from exc
         finally:
             os.close(exit_write)
-        if answer is None:
+        pid = HEADER.unpack(answer)[0] if answer is not None else 0
+        if not pid:
             os.close(exit_read)
-            self.close()
-            raise ForkServerGone("the fork server exited")
-        return Child(HEADER.unpack(answer)[0], exit_read)
+            if answer is None:
+                self.close()
+            raise ForkServerGone("the fork server could not start the job's process")
+        return Child(pid, exit_read)
 
     def close(self) -> None:
+        """Stop the server: it exits when its end of the socket closes (or is killed)."""
         if self._socket is not None:
             self._socket.close()
             self._socket = None
         if self._process is not None:
-            with suppress(subprocess.TimeoutExpired):
+            try:
                 self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
             self._process = None
 
 
@@ -178,24 +198,40 @@ def serve(fd: int) -> None:
 def _serve_one(
     requests: socket.socket, exits: dict[int, int], failure: str, wake: tuple[int, int]
 ) -> bool:
-    """Fork the child one request asks for; False when the scheduler is gone."""
-    data, fds, _flags, _address = socket.recv_fds(requests, 65536, 2)
-    if not data or len(fds) != 2:
+    """Fork the child one request asks for; False when the scheduler is gone. A child
+    that cannot be forked (a process limit, no file descriptors) is answered with pid 0:
+    that start fails, and the server and the running jobs go on."""
+    try:
+        data, fds, _flags, _address = socket.recv_fds(requests, 65536, 2)
+    except OSError:
         return False
-    size = HEADER.unpack(data[: HEADER.size])[0]
-    payload = data[HEADER.size :]
-    if len(payload) < size:
-        payload += _receive_exactly(requests, size - len(payload)) or b""
+    if not data or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return False
     report_fd, exit_write = fds
-    pid = os.fork()
+    try:
+        size = HEADER.unpack(data[: HEADER.size])[0]
+        payload = data[HEADER.size :]
+        if len(payload) < size:
+            payload += _receive_exactly(requests, size - len(payload)) or b""
+        pid = os.fork()
+    except OSError:
+        os.close(report_fd)
+        os.close(exit_write)
+        requests.sendall(HEADER.pack(0))
+        return True
     if pid == 0:  # the child: never returns
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL)
-        requests.close()
-        for other in (*exits.values(), exit_write, *wake):
-            os.close(other)
-        _run_child(pickle.loads(payload), report_fd, failure)
+        try:
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, signal.SIG_DFL)
+            requests.close()
+            for other in (*exits.values(), exit_write, *wake):
+                os.close(other)
+            _run_child(pickle.loads(payload), report_fd, failure)
+        finally:
+            os._exit(70)
     os.close(report_fd)
     exits[pid] = exit_write
     requests.sendall(HEADER.pack(pid))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError
+from django.db import IntegrityError, InterfaceError, OperationalError
 from django.db.models import F
 
 from ..lock.clock import DatabaseNow
@@ -289,12 +289,21 @@ def record_end(
         "task_result_id": enqueued.result_id if enqueued else "",
         "task_backend": enqueued.backend if enqueued else "",
     }
-    rows = _runs(lock.using).filter(
-        pk=run_id, token=lock.token, status__in=[RunStatus.RUNNING, RunStatus.LOST]
-    )
+    runs = _runs(lock.using).filter(pk=run_id, token=lock.token)
+
+    def write(values: dict[str, Any]) -> None:
+        if not run_statement(lock.using, lambda: runs.running().update(**values)):
+            # Marked lost by a later holder meanwhile: our end, keeping its reason unless
+            # we have an error of our own.
+            kept = {key: value for key, value in values.items() if value != ""}
+            run_statement(lock.using, lambda: runs.filter(status=RunStatus.LOST).update(**kept))
+
     try:
-        run_statement(lock.using, lambda: rows.update(**values))
+        write(values)
     except LockDatabaseError as exc:
+        if not _unreachable(exc):  # refused for good (bad data, say): retrying cannot help
+            logger.error("could not record the end of run %s of %s: %s", run_id, lock.name, exc)
+            return None
         logger.warning(
             "could not record the end of run %s of %s (written when the database answers "
             "again): %s",
@@ -305,12 +314,24 @@ def record_end(
         later = {**values, "finished_at": F("started_at") + dt.timedelta(seconds=duration)}
 
         def write_later() -> None:
-            run_statement(lock.using, lambda: rows.update(**later))
+            try:
+                write(later)
+            except LockDatabaseError as again:
+                if _unreachable(again):
+                    raise  # still down: tried again at the next probe
+                logger.error(
+                    "could not record the end of run %s of %s: %s", run_id, lock.name, again
+                )
 
         return write_later
     except JobLockError:
         logger.exception("could not record the end of run %s of %s", run_id, lock.name)
     return None
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The database did not answer (as opposed to refusing the statement)."""
+    return isinstance(exc.__cause__, (OperationalError, InterfaceError))
 
 
 def error_type(exc: BaseException) -> str:

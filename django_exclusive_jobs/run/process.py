@@ -52,6 +52,9 @@ def shut_down() -> None:
     _server.close()
 
 
+GUARD_TICK = 0.2  # seconds: how often a job's guard looks at the clock
+
+
 class JobFailed(Exception):
     """A job raised in its child process; the history shows the child's traceback."""
 
@@ -113,7 +116,8 @@ class JobProcess:
         """What the scheduler waits on for this child: its report pipe and its exit."""
         # Once the report pipe is at its end, only the exit is worth waiting for (a pipe
         # at its end is always "ready" and would make the loop spin).
-        return [self.child.sentinel] if self._reported else [self.reader, self.child.sentinel]
+        exit_pipe = [self.child.sentinel] if self.child.sentinel is not None else []
+        return exit_pipe if self._reported else [self.reader, *exit_pipe]
 
     def extend(self, deadline: float) -> None:
         """Tell the guard the lease now lasts until ``deadline`` (monotonic seconds)."""
@@ -126,9 +130,13 @@ class JobProcess:
         try:
             while not self._reported and self.reader.poll():
                 self._report.update(self.reader.recv())
-        except (EOFError, OSError):
+        except Exception:  # its end (EOFError), or a report cut short by a kill
             self._reported = True
-        if self.child.poll() is None:
+        exitcode = self.child.poll()
+        if self.child.orphaned and self._reported:
+            # The fork server died first: the job's end is its report connection's end.
+            exitcode = self.child.exitcode = 0 if self._report.get("finished") else 1
+        if exitcode is None:
             return None
         with self._mutex:
             if self._killer is not None:
@@ -139,9 +147,8 @@ class JobProcess:
         error = None
         if "error_type" in report:
             error = JobFailed(report["error_type"], report["traceback"])
-        assert self.child.exitcode is not None
         return Outcome(
-            self.child.exitcode,
+            exitcode,
             error=error,
             interrupted_by=report.get("interrupted_by"),
             finished=bool(report.get("finished")),
@@ -253,7 +260,12 @@ def _guard(connection: Connection, deadline: float, margin: float) -> tuple[int,
 def _watch(connection: Connection, job_alive: int, deadline: float, margin: float) -> None:
     while True:
         left = deadline - margin - time.monotonic()
-        ready, _, _ = select.select([connection.fileno(), job_alive], [], [], max(0.0, left))
+        if left <= 0:
+            break
+        # Short waits, each followed by a look at the clock: a wait of the whole time left
+        # would not count the time this process spent stopped (SIGSTOP, a VM paused).
+        waits = [connection.fileno(), job_alive]
+        ready, _, _ = select.select(waits, [], [], min(left, GUARD_TICK))
         if job_alive in ready:
             return
         if connection.fileno() in ready:
@@ -262,15 +274,12 @@ def _watch(connection: Connection, job_alive: int, deadline: float, margin: floa
             except (EOFError, OSError):  # the scheduler is gone, the job is not
                 os.killpg(os.getpgrp(), signal.SIGKILL)
                 return
-            continue
-        if left <= 0:
-            break
     # No renewal reached us in time: the job must be gone before the lease can end.
     with suppress(OSError):
         connection.send({"lease_ended": time.monotonic()})
     os.killpg(os.getpgrp(), signal.SIGTERM)
-    ready, _, _ = select.select(
-        [job_alive], [], [], max(0.0, deadline - margin / 2 - time.monotonic())
-    )
-    if job_alive not in ready:
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+    while time.monotonic() < deadline - margin / 2:
+        ready, _, _ = select.select([job_alive], [], [], GUARD_TICK / 4)
+        if job_alive in ready:
+            return
+    os.killpg(os.getpgrp(), signal.SIGKILL)

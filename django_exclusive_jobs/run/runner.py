@@ -42,7 +42,7 @@ EXIT_USAGE = 2
 EXIT_DATABASE = 3
 EXIT_LOST = 4
 
-EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot; more: retry
+EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot
 
 
 @dataclass
@@ -116,7 +116,7 @@ class Run:
         self.run_id: int | None = None
         self.slot: dt.datetime | None = None  # the slot it serves (None: a manual run)
         self.more_due = False  # catch_up="all": more missed slots to run after this one
-        self.early = False  # the lock came too early for not_before: nothing was claimed
+        self.early = False  # the lock came far earlier than not_before (see _on_time)
         self.in_job = False
         self.pending_signal: int | None = None
         # Writes this run's end later, when the database could not be reached at its end.
@@ -198,7 +198,8 @@ class Run:
         result = self.begin(lock)
         result.value = ChildExit(outcome.returncode)
         result.enqueued = outcome.enqueued
-        if outcome.lease_ended is not None:
+        returned_in_time = outcome.finished and (outcome.ended or 0) < (outcome.lease_ended or 0)
+        if outcome.lease_ended is not None and not returned_in_time:
             self.record(result, LockLost(lock.name, lock.token, LEASE_ENDED))
         elif outcome.error is not None:
             self.record(result, outcome.error)
@@ -366,13 +367,11 @@ class Run:
             return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
         if not lock.held:  # taking it took longer than its lease: claim nothing
             return self._skipped("the lease ran out while the lock was being taken", "", None)
-        if not self._on_time(lock):
-            self.early = True
-            return RunResult(self.name, RunStatus.SKIPPED)
+        not_before = self._on_time(lock)
         claim = history.claim(
             lock,
             self.name,
-            not_before=self.not_before,
+            not_before=not_before,
             schedule=self.job.schedule,
             catch_up=self.job.catch_up,
             retry_failed=self.job.retry_failed,
@@ -392,17 +391,21 @@ class Run:
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )
 
-    def _on_time(self, lock: Lock) -> bool:
-        """Wait until ``not_before`` if the lock came a little early on the database's
-        clock; False (claim nothing) if it came so early that the clock estimate is off."""
+    def _on_time(self, lock: Lock) -> dt.datetime | None:
+        """The scheduler's due slot (``not_before``), once the database's clock has
+        reached it: a lock taken a little early waits the difference. Taken far earlier
+        (the scheduler's estimate of the clock is off, or the job's database has a clock
+        of its own): None, and the run serves the slot of the database's time, as a cron
+        line would (``early`` tells the scheduler to read the clock again)."""
         if self.not_before is None or lock.acquired_at is None:
-            return True
+            return self.not_before
         early = (self.not_before - lock.acquired_at).total_seconds()
         if early > EARLY_WAIT_LIMIT:
-            return False
+            self.early = True
+            return None
         if early > 0:
             time.sleep(early)
-        return True
+        return self.not_before
 
     def _say_missed(self, lock: Lock, missed: list[dt.datetime]) -> None:
         """One line for the slots this start found missed, and a signal for each."""
@@ -488,11 +491,16 @@ def call_each_due(make_run: Callable[[], Run]) -> RunResult:
     from .shutdown import stop_on_signals
 
     current = [make_run()]
-    with stop_on_signals(lambda signum: current[0].on_signal(signum)):
+    received: list[int] = []  # a signal that came between two runs stops the next one
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        current[0].on_signal(signum)
+
+    with stop_on_signals(on_signal):
         while True:
             run = current[0]
             result = run.call()
-            stopped = result.status == RunStatus.INTERRUPTED or run.pending_signal is not None
-            if stopped or not run.more_due:
+            if received or result.status == RunStatus.INTERRUPTED or not run.more_due:
                 return result
             current[0] = make_run()

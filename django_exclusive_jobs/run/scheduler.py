@@ -278,7 +278,9 @@ class Scheduler:
             return
         waiting = [due for name, due in self.due.items() if name not in self.running]
         full = len(self.running) >= self.max_concurrent
-        timeout = min(self.next_beat, self.next_poll, self.deadline) - time.monotonic()
+        polling = bool(self.on_request) and not self.outage.ongoing
+        next_poll = self.next_poll if polling else float("inf")
+        timeout = min(self.next_beat, next_poll, self.deadline) - time.monotonic()
         if waiting and not full and not self.outage.ongoing:
             timeout = min(timeout, self.clock.seconds_until(min(waiting)) + 0.001)
         self._wait(max(0.0, timeout))
@@ -355,16 +357,18 @@ class Scheduler:
         now = self.clock.now()
         if run.early:  # our estimate of the database's clock was off: read it again
             self.clock_doubtful, self.next_beat = True, 0.0
-            return
         if isinstance(started, RunResult):  # skipped, or stopped before the claim
             if request is None:
                 self.due[job.name] = self._after_skip(job, started, max(now, due))
             return
         child = run.start_child(started, grace=self.grace)
         if isinstance(child, RunResult):  # the lease ran out, or no process could start
+            self._keep_unwritten(run)
             self._next(job, request, self._following(job, max(now, due)))
             return
         self.running[job.name] = Active(job, run, child)
+        if started.lost:  # lost before it was registered: _lost found nothing to stop
+            self._lost(started)
         self.started_runs += 1
         slot = run.slot or due
         # catch_up="all" with more missed slots: the next one as soon as this one ends.
@@ -411,8 +415,13 @@ class Scheduler:
 
     def _finish(self, active: Active, outcome: Outcome) -> None:
         """Release, record and report a run whose child exited, as run_exclusive would."""
-        run = active.run
-        run.end_child(active.process, outcome)
+        try:
+            active.run.end_child(active.process, outcome)
+        finally:  # even if a job_finished receiver raised
+            self._keep_unwritten(active.run)
+
+    def _keep_unwritten(self, run: Run) -> None:
+        """A run whose end could not be written: write it once the database answers."""
         if run.unwritten_end is not None:
             self.unwritten.append(run.unwritten_end)
             self.next_beat = 0.0  # try at once; an outage makes it a probe each second

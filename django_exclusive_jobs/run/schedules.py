@@ -83,6 +83,7 @@ class Every(Schedule):
 # fall-back goes 00:00 -> 04:00, yet walking back from 02:10 finds 02:00. A forward walk
 # starts from a slot this far clear of any change.
 SETTLED = dt.timedelta(hours=3)
+STALL_LIMIT = dt.timedelta(days=2)
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,30 @@ class Cron(Schedule):
         # Walk forward, never back: CronSim drops `fold` when a fixed-time walk starts in a
         # repeated hour, and a reverse walk there finds yesterday's slot.
         start = self._settled_slot(moment, zone)
-        latest = start.astimezone(dt.UTC)
-        for local in CronSim(self.expression, start):
+        walk = self._walk(start, zone)
+        latest, following = start.astimezone(dt.UTC), next(walk)
+        while following <= moment:
+            latest, following = following, next(walk)
+        return latest, following - latest
+
+    def _walk(self, start: dt.datetime, zone: zoneinfo.ZoneInfo) -> Iterator[dt.datetime]:
+        """CronSim's forward walk from ``start`` (local), in UTC, each slot after the last.
+
+        Where a fall-back crosses midnight (St. John's until 2011) CronSim can give the same
+        instant again and again; the walk then resumes at the next minute, and the next."""
+        latest = resume = start.astimezone(dt.UTC)
+        cron = CronSim(self.expression, start)
+        while True:
+            local = next(cron, None)
+            if local is None or resume - latest > STALL_LIMIT:
+                raise self._no_slot(latest)
             slot = local.astimezone(dt.UTC)
-            if slot > moment:
-                return latest, slot - latest
-            latest = slot
-        raise self._no_slot(moment)
+            if slot > latest:
+                yield slot
+                latest = resume = slot
+            else:
+                resume += dt.timedelta(minutes=1)
+                cron = CronSim(self.expression, (resume - dt.timedelta(seconds=1)).astimezone(zone))
 
     def _settled_slot(self, moment: dt.datetime, zone: zoneinfo.ZoneInfo) -> dt.datetime:
         """A slot at or before ``moment`` (UTC) with no change of UTC offset in the
@@ -132,8 +150,8 @@ class Cron(Schedule):
 
     def _no_slot(self, moment: dt.datetime) -> LockConfigurationError:
         return LockConfigurationError(
-            f"Cron expression {self.expression!r} has no slot within 50 years of "
-            f"{moment:%Y-%m-%d}; give an expression that matches a date that exists."
+            f"Cron expression {self.expression!r} ({self.timezone}) has no slot near "
+            f"{moment:%Y-%m-%d}; check that it matches a date that exists."
         )
 
 
