@@ -216,6 +216,14 @@ DST_NIGHTS = {
             "2010-11-07 04:50",
         ],
     ),
+    "st-johns-cronsim-goes-round-in-circles": (
+        # 00:45 does not come before the fall-back; CronSim's own walk never gets past it
+        "America/St_Johns",
+        "45 */5 * * *",
+        "2010-11-06 23:00",
+        "2010-11-07 05:00",
+        ["2010-11-06 18:15", "2010-11-06 23:15", "2010-11-07 04:15", "2010-11-07 09:15"],
+    ),
 }
 
 

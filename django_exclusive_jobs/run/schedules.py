@@ -83,16 +83,47 @@ class Every(Schedule):
 # fall-back goes 00:00 -> 04:00, yet walking back from 02:10 finds 02:00. A forward walk
 # starts from a slot this far clear of any change.
 SETTLED = dt.timedelta(hours=3)
+# One CronSim step takes a few dozen ticks; one that takes this many is going round in circles.
+MAX_TICKS = 1000
 STALL_LIMIT = dt.timedelta(days=2)
+
+
+class _Looping(Exception):
+    """A CronSim step came back to where it had been: it would never end."""
+
+
+class _Steps(CronSim):
+    """CronSim, stopped when a step goes round in circles (it does where a fall-back crosses
+    midnight, as in St. John's until 2011), and noting the furthest instant it reached."""
+
+    def __init__(self, expression: str, start: dt.datetime, reverse: bool = False) -> None:
+        super().__init__(expression, start, reverse=reverse)
+        self.seen: set[tuple[dt.datetime, int, int]] = set()
+        self.furthest = start.astimezone(dt.UTC)
+
+    def tick(self, seconds: int = 1) -> None:
+        super().tick(seconds)
+        # back at a wall time, fold and stride it had: CronSim would go round forever
+        state = (self.dt.replace(tzinfo=None), self.dt.fold, seconds)
+        if state in self.seen or len(self.seen) > MAX_TICKS:
+            raise _Looping
+        self.seen.add(state)
+        if self.dt.tzinfo is not None:  # a fixed-time walk ticks on naive local times
+            self.furthest = max(self.furthest, self.dt.astimezone(dt.UTC))
+
+    def __next__(self) -> dt.datetime:
+        self.seen.clear()
+        return super().__next__()
 
 
 @dataclass(frozen=True)
 class Cron(Schedule):
     """A cron expression, evaluated in ``timezone`` (DST handled as Debian cron does).
 
-    The slots are exactly the instants CronSim's forward walk gives: a fixed-time job whose
-    time is skipped by a spring-forward runs once right after the jump, one whose time is
-    repeated by a fall-back runs once, at the first; a wildcard-hour job runs in both hours.
+    The slots are exactly the instants CronSim's forward walk gives (see ``_slot_after`` for
+    where it stalls): a fixed-time job whose time is skipped by a spring-forward runs once
+    right after the jump, one whose time is repeated by a fall-back runs once, at the first;
+    a wildcard-hour job runs in both hours.
     """
 
     expression: str = "0 * * * *"
@@ -106,46 +137,51 @@ class Cron(Schedule):
         moment = moment.astimezone(dt.UTC)
         # Walk forward, never back: CronSim drops `fold` when a fixed-time walk starts in a
         # repeated hour, and a reverse walk there finds yesterday's slot.
-        start = self._settled_slot(moment, zone)
-        walk = self._walk(start, zone)
-        latest, following = start.astimezone(dt.UTC), next(walk)
+        latest = self._settled_slot(moment, zone)
+        following = self._slot_after(latest, zone)
         while following <= moment:
-            latest, following = following, next(walk)
+            latest, following = following, self._slot_after(following, zone)
         return latest, following - latest
 
-    def _walk(self, start: dt.datetime, zone: zoneinfo.ZoneInfo) -> Iterator[dt.datetime]:
-        """CronSim's forward walk from ``start`` (local), in UTC, each slot after the last.
-
-        Where a fall-back crosses midnight (St. John's until 2011) CronSim can give the same
-        instant again and again; the walk then resumes at the next minute, and the next."""
-        latest = resume = start.astimezone(dt.UTC)
-        cron = CronSim(self.expression, start)
+    def _slot_after(self, slot: dt.datetime, zone: zoneinfo.ZoneInfo) -> dt.datetime:
+        """The slot after ``slot`` (UTC): CronSim's next instant. Where CronSim stalls (gives
+        an instant again or an earlier one, or goes round in circles), it resumes at the
+        minute after the furthest instant the stalled step reached, and so on."""
+        start = resume = slot
         while True:
-            local = next(cron, None)
-            if local is None or resume - latest > STALL_LIMIT:
-                raise self._no_slot(latest)
-            slot = local.astimezone(dt.UTC)
-            if slot > latest:
-                yield slot
-                latest = resume = slot
-            else:
-                resume += dt.timedelta(minutes=1)
-                cron = CronSim(self.expression, (resume - dt.timedelta(seconds=1)).astimezone(zone))
+            steps = _Steps(self.expression, start.astimezone(zone))
+            try:
+                following = next(steps).astimezone(dt.UTC)
+            except StopIteration:
+                raise self._no_slot(slot) from None
+            except _Looping:
+                following = slot
+            if following > slot:
+                return following
+            resume = max(steps.furthest, resume).replace(second=0, microsecond=0)
+            resume += dt.timedelta(minutes=1)
+            if resume - slot > STALL_LIMIT:
+                raise self._no_slot(slot)
+            start = resume - dt.timedelta(seconds=1)  # CronSim gives instants after its start
 
     def _settled_slot(self, moment: dt.datetime, zone: zoneinfo.ZoneInfo) -> dt.datetime:
-        """A slot at or before ``moment`` (UTC) with no change of UTC offset in the
+        """A slot (UTC) at or before ``moment`` with no change of UTC offset in the
         ``SETTLED`` before it: usually the latest slot, found in one reverse step."""
         before = moment
         while True:
             # CronSim's reverse walk gives instants strictly before its start. Add in UTC:
             # arithmetic on local times drops `fold` and would confuse a repeated hour.
             start = (before.replace(microsecond=0) + dt.timedelta(seconds=1)).astimezone(zone)
-            candidate = next(CronSim(self.expression, start, reverse=True), None)
-            if candidate is None:
-                raise self._no_slot(moment)
+            try:
+                candidate = next(_Steps(self.expression, start, reverse=True))
+            except StopIteration:
+                raise self._no_slot(moment) from None
+            except _Looping:
+                before -= SETTLED
+                continue
             slot = candidate.astimezone(dt.UTC)
             if slot <= moment and _offset(slot - SETTLED, zone) == _offset(slot, zone):
-                return candidate
+                return slot
             before = min(slot, before) - SETTLED
 
     def _no_slot(self, moment: dt.datetime) -> LockConfigurationError:
