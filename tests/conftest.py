@@ -60,3 +60,17 @@ def alias(
         finally:
             clean_tables(name)
             connections.close_all()
+
+
+@pytest.fixture
+def postgres(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
+    """The PostgreSQL test database, with clean lock tables."""
+    if "postgres" not in settings.DATABASES:
+        pytest.skip(f"postgres: {settings.UNAVAILABLE.get('postgres', 'not configured')}")
+    with django_db_blocker.unblock():
+        clean_tables("postgres")
+        try:
+            yield "postgres"
+        finally:
+            clean_tables("postgres")
+            connections.close_all()

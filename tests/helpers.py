@@ -159,10 +159,8 @@ def race_slots(
         )
         for n in range(processes)
     ]
-    for worker in workers:
-        worker.start()
     ran: Counter[int] = Counter()
-    try:
+    with started_workers(workers):
         ready.wait(180)
         first = math.ceil((time.time() + 1.5) / every) * every
         start_at.value = first
@@ -171,9 +169,19 @@ def race_slots(
             _worker, triggered, error = results.get(timeout=triggers * every + 120)
             assert error is None, error
             ran.update(triggered)
+    return ran, first
+
+
+@contextmanager
+def started_workers(workers: Sequence[Any]) -> Iterator[None]:
+    """Start these worker processes; on the way out join each, killing one still there
+    30 s later."""
+    for worker in workers:
+        worker.start()
+    try:
+        yield
     finally:
         for worker in workers:
             worker.join(30)
             if worker.is_alive():
                 worker.kill()
-    return ran, first

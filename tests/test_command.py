@@ -61,15 +61,17 @@ def manage(
     )
 
 
-def django_admin(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m django ARGS`` with the test settings, as cron would run it."""
+def django_admin(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m django ARGS`` with the test settings (or ``env``), as cron would run it."""
     return subprocess.run(
         [sys.executable, "-m", "django", *args],
         cwd=ROOT,
         env=env or command_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 

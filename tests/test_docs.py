@@ -975,20 +975,6 @@ def test_deploying_recipes_call_commands_that_parse() -> None:
     assert sum(page == "deploying.md" for page, _argv in CALLS) >= 6
 
 
-@pytest.fixture
-def postgres(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
-    """The PostgreSQL test database, with clean lock tables."""
-    if "postgres" not in settings.DATABASES:
-        pytest.skip(f"postgres: {settings.UNAVAILABLE.get('postgres', 'not configured')}")
-    with django_db_blocker.unblock():
-        clean_tables("postgres")
-        try:
-            yield "postgres"
-        finally:
-            clean_tables("postgres")
-            connections.close_all()
-
-
 def alias_with(base: str, alias: str, database: dict[str, Any]) -> str:
     """A new alias to ``base``'s database, with a sample's connection settings (its
     name, user, host and port are the reader's own, so ``base``'s stay)."""

@@ -28,7 +28,7 @@ from django.core.management.base import CommandError
 from django_exclusive_jobs.checks import check_jobs, configuration_error
 from django_exclusive_jobs.run import registry
 
-from .test_command import ROOT, command_env
+from .test_command import ROOT, command_env, django_admin
 
 # Every command of the app, each action once: the name of the case and its arguments.
 COMMANDS = {
@@ -247,14 +247,7 @@ def test_each_condition_is_one_line_and_its_exit_code(
 
 def broken(fault: str = "import", *args: str) -> subprocess.CompletedProcess[str]:
     env = command_env(DJANGO_SETTINGS_MODULE="tests.settings_broken", BROKEN_JOBS=fault)
-    return subprocess.run(
-        [sys.executable, "-m", "django", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return django_admin(*args, env=env, timeout=60)
 
 
 def test_manage_py_check_reports_a_broken_jobs_module_as_e014() -> None:
@@ -321,14 +314,7 @@ def test_a_manual_run_that_fails_prints_its_failure_once_without_logging(
     env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "django", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return django_admin(*args, env=env)
 
     assert run("migrate", "-v", "0").returncode == 0
     for args in (("exclusive_jobs", "run", "broken"), ("run_exclusive", "broken")):

@@ -9,7 +9,6 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,14 @@ from django_exclusive_jobs.models import JobLock, JobRun, LockState
 from django_exclusive_jobs.run.registry import all_jobs
 
 from . import _workers
-from .conftest import clean_tables
-from .helpers import SPAWN, log_lines_since, other_holder, postgres_log, row
+from .helpers import (
+    SPAWN,
+    log_lines_since,
+    other_holder,
+    postgres_log,
+    row,
+    started_workers,
+)
 
 RACERS = 6  # the machine has two cores: more would mostly wait for a CPU
 DUPLICATE_KEY = "duplicate key value violates unique constraint"
@@ -55,19 +60,12 @@ def race_first_take(alias: str, prefix: str) -> Counter[int]:
         SPAWN.Process(target=_workers.race, args=(alias, prefix, 1, barrier, results, n))
         for n in range(RACERS)
     ]
-    for worker in workers:
-        worker.start()
     winners: Counter[int] = Counter()
-    try:
+    with started_workers(workers):
         for _ in workers:
             _worker, won, error = results.get(timeout=180)
             assert error is None, error
             winners.update(won)
-    finally:
-        for worker in workers:
-            worker.join(30)
-            if worker.is_alive():
-                worker.kill()
     return winners
 
 
@@ -148,20 +146,6 @@ def test_processes_racing_a_prepared_first_take_have_one_winner(
 
     assert race_first_take(alias, "first-race") == Counter({0: 1})
     assert row(alias, name).token == max(history, default=0) + 1
-
-
-@pytest.fixture
-def postgres(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
-    """The PostgreSQL alias, with clean tables, for tests that read its server's log."""
-    if "postgres" not in connections.settings:
-        pytest.skip("PostgreSQL is not configured")
-    with django_db_blocker.unblock():
-        clean_tables("postgres")
-        try:
-            yield "postgres"
-        finally:
-            clean_tables("postgres")
-            connections.close_all()
 
 
 def server_log() -> Path:
