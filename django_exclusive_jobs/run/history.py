@@ -85,10 +85,11 @@ def claim(
         return Claim(_insert(lock, name, None))
     if lock.acquired_at is None:
         raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
-    now, current = lock.acquired_at, schedule.slot_at(lock.acquired_at)
-    if not_before is not None:  # the scheduler's start: its due slot, never a coming one
+    if not_before is None:
+        now, current = lock.acquired_at, schedule.slot_at(lock.acquired_at)
+    else:  # the scheduler's start: its due slot, never a coming one
         now = max(lock.acquired_at, not_before)
-        current = schedule.latest_at_or_before(now)[0].astimezone(dt.UTC)
+        current = schedule.latest_at_or_before(now)[0]
     runs = _runs(lock.using)
     # One indexed look-up: the current slot's row if any, else the newest before it.
     latest = run_statement(

@@ -278,8 +278,7 @@ class Scheduler:
             return
         waiting = [due for name, due in self.due.items() if name not in self.running]
         full = len(self.running) >= self.max_concurrent
-        polling = bool(self.on_request) and not self.outage.ongoing
-        next_poll = self.next_poll if polling else float("inf")
+        next_poll = self.next_poll if self._polls_requests else float("inf")
         timeout = min(self.next_beat, next_poll, self.deadline) - time.monotonic()
         if waiting and not full and not self.outage.ongoing:
             timeout = min(timeout, self.clock.seconds_until(min(waiting)) + 0.001)
@@ -297,11 +296,15 @@ class Scheduler:
         """Sleep ``seconds`` unless stopped first."""
         self._wait(seconds)
 
+    @property
+    def _polls_requests(self) -> bool:
+        """Whether it looks for runs asked for now: it serves some, and the database is
+        not down (then only the outage's probe runs)."""
+        return bool(self.on_request) and not self.outage.ongoing
+
     def _start_requested(self) -> None:
         """Every few seconds, one query for runs asked for now; start those it can."""
-        if self.stopping or time.monotonic() < self.next_poll or not self.on_request:
-            return
-        if self.outage.ongoing:
+        if self.stopping or not self._polls_requests or time.monotonic() < self.next_poll:
             return
         self.next_poll = time.monotonic() + REQUEST_POLL
         try:
