@@ -293,7 +293,26 @@ class JobRun(models.Model):
     pid = models.IntegerField(_("process id"), null=True, blank=True)
     instance = models.CharField(_("instance"), max_length=32, blank=True)
     token = models.BigIntegerField(_("token"), null=True, blank=True)
-    attempts = models.PositiveIntegerField(_("attempts"), default=1)
+    attempt = models.PositiveIntegerField(
+        _("attempt"),
+        default=1,
+        help_text=_("1 for a slot's first run; each retry of a failed slot is a run of its own."),
+    )
+    retry_at = models.DateTimeField(
+        _("retry at"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "Set on a failed attempt that will be retried: the earliest time (database "
+            "time) the next attempt may start. Empty on a slot's last attempt."
+        ),
+    )
+    kwargs = models.JSONField(
+        _("arguments"),
+        default=dict,
+        blank=True,
+        help_text=_("The keyword arguments the job's function was called with."),
+    )
     started_at = models.DateTimeField(_("started at"))
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     duration = models.FloatField(_("duration (s)"), null=True, blank=True)
@@ -321,9 +340,12 @@ class JobRun(models.Model):
         verbose_name_plural = _("job runs")
         ordering = ["-started_at", "-id"]
         constraints = [
-            # NULL slots (unscheduled runs) never collide: NULLs are distinct in unique
-            # indexes on PostgreSQL, MySQL/MariaDB and SQLite alike.
-            models.UniqueConstraint(fields=["name", "slot"], name="exclusive_jobs_one_run_per_slot")
+            # One run per job, slot and attempt. NULL slots (unscheduled runs) never
+            # collide: NULLs are distinct in unique indexes on PostgreSQL, MySQL/MariaDB
+            # and SQLite alike.
+            models.UniqueConstraint(
+                fields=["name", "slot", "attempt"], name="exclusive_jobs_one_run_per_attempt"
+            )
         ]
         indexes = [
             models.Index(fields=["name", "-started_at"], name="exclusive_jobs_run_name"),

@@ -104,7 +104,7 @@ def test_retry_failed_reruns_a_failed_slot_once_it_succeeds(alias: str) -> None:
     job()
     assert len(calls) == 2
     run = JobRun.objects.using(alias).get(name="hist-retry")
-    assert (run.status, run.attempts, run.error) == (RunStatus.SUCCEEDED, 2, "")
+    assert (run.status, run.attempt, run.error) == (RunStatus.SUCCEEDED, 2, "")
     job()  # a succeeded slot is never retried
     assert len(calls) == 2
 
@@ -126,7 +126,7 @@ def test_run_whose_lock_was_cleared_mid_run_is_recorded_lost_and_can_be_retried(
     job()  # retry_failed also retries a slot whose run lost its lock
     assert len(calls) == 2
     run.refresh_from_db()
-    assert (run.status, run.attempts) == (RunStatus.SUCCEEDED, 2)
+    assert (run.status, run.attempt) == (RunStatus.SUCCEEDED, 2)
 
 
 @pytest.mark.parametrize(

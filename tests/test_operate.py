@@ -288,7 +288,7 @@ def insert_runs(alias: str, names: list[str], total: int) -> None:
             name = f"'bulk_' || SUBSTR('000' || (n %% {jobs}), -4)"
             when = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '-' || (n / %s) || ' hours')"
         cursor.execute(
-            f"INSERT INTO {table} (name, slot, status, host, instance, attempts, started_at, "
+            f"INSERT INTO {table} (name, slot, status, host, instance, attempt, started_at, "
             f"finished_at, duration, error_type, error, requested_by, task_result_id, "
             f"task_backend) "
             f"SELECT {name}, {when}, 'succeeded', 'h', 'i', 1, {when}, {when}, 1.5, '', '', '', "

@@ -158,5 +158,5 @@ def test_late_end_of_an_old_run_does_not_overwrite_the_retry_of_its_slot(alias: 
     job()  # the first server's run ends after the second's: its lock was lost
     assert calls == ["first server", "second server"]
     run = JobRun.objects.using(alias).get(name=name)
-    assert (run.status, run.token, run.attempts) == (RunStatus.SUCCEEDED, 2, 2)
+    assert (run.status, run.token, run.attempt) == (RunStatus.SUCCEEDED, 2, 2)
     assert JobLock.objects.using(alias).get(name=name).token == 2

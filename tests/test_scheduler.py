@@ -186,7 +186,7 @@ def test_killed_scheduler_mid_run_is_lost_retried_and_later_slots_run_once(
     rows = history(alias, "tick_retry")
     assert_every_slot_once(rows, dt.timedelta(seconds=6))
     first = rows[0]
-    assert (first.slot, first.status, first.attempts) == (slot, "succeeded", 2)
+    assert (first.slot, first.status, first.attempt) == (slot, "succeeded", 2)
     ran = executions(marker, "tick_retry")
     assert set(ran.values()) == {1} and set(ran) == {run.slot for run in rows}
 

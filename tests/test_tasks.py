@@ -117,6 +117,6 @@ def test_a_failed_enqueue_is_recorded_failed_and_retried_once(
     third = manage("default", "enqueue_tick", env=env)
     assert third.returncode == 0 and "already run" in third.stdout
     run.refresh_from_db()
-    assert (run.status, run.attempts) == ("enqueued", 2)
+    assert (run.status, run.attempt) == ("enqueued", 2)
     [task] = results("postgres")
     assert str(task.id) == run.task_result_id  # enqueued once for the slot, never twice

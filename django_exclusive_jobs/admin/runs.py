@@ -38,7 +38,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "host",
         "slot_time",
         "token",
-        "attempts",
+        "attempt",
     ]
     list_filter = [RunStatusFilter, ("name", admin.AllValuesFieldListFilter)]
     date_hierarchy = "started_at"
@@ -56,7 +56,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "pid",
         "instance",
         "token",
-        "attempts",
+        "attempt",
         "returncode",
         "requested_by",
         "task_result_id",

@@ -220,7 +220,7 @@ def _retry(lock: Lock, existing: JobRun) -> JobRun:
             _runs(lock.using)
             .filter(pk=existing.pk, status__in=retryable)
             .update(
-                attempts=F("attempts") + 1,
+                attempt=F("attempt") + 1,
                 finished_at=None,
                 duration=None,
                 error_type="",

@@ -13,7 +13,8 @@ class RunStatus(models.TextChoices):
 
     ``running`` while a run goes on (or when its server died before anyone noticed);
     ``interrupted`` is a run stopped by a signal (a scheduler's graceful stop in a deploy);
-    ``lost`` is a run whose lock was lost while it ran; ``missed`` is a scheduled slot no
+    ``lost`` is a run whose lock was lost while it ran; ``timed_out`` is a run stopped
+    because it outlasted its job's ``timeout``; ``missed`` is a scheduled slot no
     server ran (recorded by the first start that notices); ``enqueued`` is a run that
     handed a ``django.tasks`` Task to its backend's workers; ``skipped`` is never stored:
     the job did not run here because another server held the lock or had already run the
@@ -27,6 +28,7 @@ class RunStatus(models.TextChoices):
     LOST = "lost", _("lost")
     MISSED = "missed", _("missed")
     ENQUEUED = "enqueued", _("enqueued")
+    TIMED_OUT = "timed_out", _("timed out")
     SKIPPED = "skipped", _("skipped")
 
     @classmethod
@@ -36,11 +38,12 @@ class RunStatus(models.TextChoices):
 
     @classmethod
     def failures(cls) -> list[str]:
-        """The ends that make a job "failing" until a run succeeds: failed and lost. An
-        interrupted run is a stop, not a failure: a problem only when it repeats."""
-        return [cls.FAILED, cls.LOST]
+        """The ends that make a job "failing" until a run succeeds: failed, timed out and
+        lost. An interrupted run is a stop, not a failure: a problem only when it repeats."""
+        return [cls.FAILED, cls.TIMED_OUT, cls.LOST]
 
     @classmethod
     def unsuccessful(cls) -> list[str]:
-        """The ends a later start may retry with ``retry_failed``: failed, interrupted, lost."""
-        return [cls.FAILED, cls.INTERRUPTED, cls.LOST]
+        """The ends a slot may be retried after (``retries=``): failed, timed out,
+        interrupted, lost."""
+        return [cls.FAILED, cls.TIMED_OUT, cls.INTERRUPTED, cls.LOST]
