@@ -125,6 +125,9 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     factor = merged["RUNNING_LONG_FACTOR"]
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         error("E010", "RUNNING_LONG_FACTOR", f"must be a number above 1, not {factor!r}.")
+    timeout = None if merged["TIMEOUT"] is None else duration("TIMEOUT")
+    if timeout is not None and timeout <= dt.timedelta(0):
+        error("E015", "TIMEOUT", "must be positive, or None for no limit.")
     busy = duration("BUSY_TIMEOUT")
     if busy is not None and busy < dt.timedelta(0):
         error("E011", "BUSY_TIMEOUT", "must not be negative.")

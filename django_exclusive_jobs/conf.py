@@ -27,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
     # How long to keep retrying a statement the database refused for contention:
     # SQLite's "database is locked", a MySQL/MariaDB deadlock or row-lock timeout.
     "BUSY_TIMEOUT": dt.timedelta(seconds=30),
+    # How long a run may last before it is stopped (SIGTERM, then SIGKILL after a grace)
+    # and recorded timed_out; None: no limit. A job's timeout= overrides it.
+    "TIMEOUT": None,
     # A shared secret for the optional health view (monitors send it as a Bearer
     # token); None: only staff who may view jobs see the view.
     "HEALTH_TOKEN": None,

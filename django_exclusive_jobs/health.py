@@ -318,7 +318,12 @@ def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedul
         )
     last = health.last_run
     if last is not None and last.status in RunStatus.failures():
-        found.append((Health.FAILING, f"its last run {last.status} at {_when(last.finished_at)}"))
+        found.append(
+            (
+                Health.FAILING,
+                f"its last run {RunStatus(last.status).label} at {_when(last.finished_at)}",
+            )
+        )
     interrupted = last is not None and last.status == RunStatus.INTERRUPTED
     if interrupted and health.previous_status == RunStatus.INTERRUPTED:
         assert last is not None

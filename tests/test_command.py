@@ -393,6 +393,7 @@ def test_list_shows_registered_jobs() -> None:
         "enqueue_tick",
         "keepalive_probe",
         "long_tick",
+        "overrun",
         "quick",
         "slow",
         "spin",
@@ -406,7 +407,7 @@ def test_list_shows_registered_jobs() -> None:
 
 def test_help_documents_exit_codes() -> None:
     result = django_admin("help", "run_exclusive")
-    for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "128+N"):
+    for code in ("0 ", "1 ", "2 ", "3 ", "4 ", "124", "128+N"):
         assert f"\n  {code}" in result.stdout
     assert settings.ROOT_URLCONF  # the settings module really loaded
 

@@ -75,6 +75,18 @@ def validate_timing(
     return ttl_delta, hold
 
 
+def validate_timeout(timeout: DurationLike | None) -> dt.timedelta | None:
+    """A run's time limit: a positive duration, or None for none."""
+    if timeout is None:
+        return None
+    limit = parse_duration(timeout, what="timeout")
+    if limit <= dt.timedelta(0):
+        raise LockConfigurationError(
+            f"timeout must be positive, got {limit.total_seconds():g}s (leave it out for no limit)."
+        )
+    return limit
+
+
 def validate_wait(wait: DurationLike | None) -> float:
     seconds = 0.0 if wait is None else parse_duration(wait, what="wait").total_seconds()
     if seconds < 0:

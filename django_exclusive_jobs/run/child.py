@@ -16,7 +16,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from ..lock.lock import Lock
-from .shutdown import Interrupted
+from .shutdown import Interrupted, TimedOut
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -31,8 +31,9 @@ class ChildExit:
 class ChildProgram:
     """Runs an external program under the lock and supervises it.
 
-    SIGTERM/SIGINT sent to us is passed on to the child; a lost lock terminates it.
-    A child that has not exited ``grace`` seconds after SIGTERM gets SIGKILL.
+    SIGTERM/SIGINT sent to us is passed on to the child; a lost lock or the job's
+    timeout terminates it. A child that has not exited ``grace`` seconds after SIGTERM
+    gets SIGKILL.
     """
 
     def __init__(self, argv: list[str], *, grace: float = 10.0) -> None:
@@ -40,6 +41,7 @@ class ChildProgram:
         self.grace = grace
         self.process: subprocess.Popen[bytes] | None = None
         self.signum: int | None = None
+        self.timed_out: float | None = None  # the timeout it passed, in seconds
         self._stop_sent_at: float | None = None
         self._mutex = threading.Lock()
 
@@ -60,6 +62,8 @@ class ChildProgram:
                         "child of %s ignored SIGTERM for %ss: killing it", lock.name, self.grace
                     )
                     self._signal_group(signal.SIGKILL)
+        if self.timed_out is not None:
+            raise TimedOut(self.timed_out)
         if self.signum is not None:
             raise Interrupted(self.signum)
         return ChildExit(returncode)
@@ -81,6 +85,11 @@ class ChildProgram:
     def on_signal(self, signum: int) -> None:
         self.signum = signum
         self.stop(signum)
+
+    def on_timeout(self, seconds: float) -> None:
+        """The run passed its timeout of ``seconds``: stop the program."""
+        self.timed_out = seconds
+        self.stop(signal.SIGTERM)
 
     def on_lost(self, lock: Lock) -> None:
         logger.warning("lock %s lost: stopping its child process", lock.name)

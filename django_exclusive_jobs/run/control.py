@@ -99,8 +99,9 @@ def run_now(
     """Run ``name`` once now in this process, as a manual run asked for by ``by``.
 
     No request row: nothing a scheduler could take first. If the lock is held, nothing
-    runs (the result is SKIPPED).
+    runs (the result is SKIPPED). The job's timeout stops it, as under ``run_exclusive``.
     """
     job = get_job(name)
     assert job is not None
-    return Run(job.but(using=using), requested_by=by, report=report).call()
+    run = Run(job.but(using=using), requested_by=by, report=report, stop_at_timeout=True)
+    return run.call()

@@ -8,7 +8,7 @@ from typing import Any, TypeVar, overload
 
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
-from ..lock.validation import validate_name, validate_timing
+from ..lock.validation import validate_name, validate_timeout, validate_timing
 from .catchup import make_catch_up
 from .registry import Job, register
 from .runner import Run, RunResult
@@ -41,6 +41,7 @@ def exclusive_job(
     catch_up: str = "latest",
     catch_up_limit: int = 10,
     catch_up_window: DurationLike | None = None,
+    timeout: DurationLike | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -61,6 +62,7 @@ def exclusive_job(
     catch_up: str = "latest",
     catch_up_limit: int = 10,
     catch_up_window: DurationLike | None = None,
+    timeout: DurationLike | None = None,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
 
@@ -86,6 +88,10 @@ def exclusive_job(
     ``using`` (the lock's database alias), ``keepalive`` (renew the lease while the job
     runs; default ``EXCLUSIVE_JOBS["KEEPALIVE"]``), ``slot_tolerance`` (how early a start
     may be and still serve the coming slot; default ``EXCLUSIVE_JOBS["SLOT_TOLERANCE"]``).
+    ``timeout`` (a run lasting longer is stopped: SIGTERM to its process group, SIGKILL
+    after a grace, recorded ``timed_out``; default ``EXCLUSIVE_JOBS["TIMEOUT"]``, no
+    limit). The timeout stops runs started by the scheduler and by ``run_exclusive``; a
+    direct call of the decorated function (in a web request, say) is never stopped.
     Durations are seconds or strings such as ``"90s"``, ``"15m"``, ``"1h"``.
     """
     if callable(name):
@@ -94,6 +100,7 @@ def exclusive_job(
         raise LockConfigurationError(f"on_held must be 'skip' or 'raise', not {on_held!r}.")
     # Check what was passed here; the settings' defaults are the system checks' job.
     validate_timing(ttl, min_hold, use_settings=False)
+    time_limit = validate_timeout(timeout)
     schedule = make_schedule(every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance)
     if retry_failed and schedule is None:
         raise LockConfigurationError("retry_failed only applies with every= or cron=.")
@@ -118,6 +125,7 @@ def exclusive_job(
             retry_failed,
             policy,
             task=task,
+            timeout=time_limit,
         )
 
     def decorate(func: F) -> F:

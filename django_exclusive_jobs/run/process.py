@@ -19,7 +19,8 @@ that stops the job's process group when the job may no longer run:
   a safety margin before the lease's end, SIGKILL half-way through the margin. The
   scheduler forwards each renewal's new deadline (on the monotonic clock, which the
   processes of one machine share). A whole machine that stops (a VM pause) stops the
-  guard too: the fencing token is what refuses that job's late writes.
+  guard too: the fencing token is what refuses that job's late writes;
+* the job passed its ``timeout``: SIGTERM, SIGKILL after the scheduler's grace.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Outcome:
     enqueued: Enqueued | None = None  # what a django.tasks job enqueued
     ended: float | None = None  # when the job ended, monotonic (None: killed from outside)
     lease_ended: float | None = None  # when the guard stopped it for want of a renewal
+    timed_out: float | None = None  # when the guard stopped it at its timeout
 
 
 class JobProcess:
@@ -89,7 +91,14 @@ class JobProcess:
     """
 
     def __init__(
-        self, name: str, slot: Any, *, grace: float, deadline: float, margin: float
+        self,
+        name: str,
+        slot: Any,
+        *,
+        grace: float,
+        deadline: float,
+        margin: float,
+        timeout: float | None = None,
     ) -> None:
         self.name = name
         self.grace = grace
@@ -100,7 +109,9 @@ class JobProcess:
         ours, theirs = socket.socketpair()
         self.reader = Connection(ours.detach())
         try:
-            self.child = _server.start((name, slot, deadline, margin), theirs.fileno())
+            self.child = _server.start(
+                (name, slot, deadline, margin, timeout, grace), theirs.fileno()
+            )
         except BaseException:
             self.reader.close()
             raise
@@ -155,6 +166,7 @@ class JobProcess:
             enqueued=report.get("enqueued"),
             ended=report.get("ended"),
             lease_ended=report.get("lease_ended"),
+            timed_out=report.get("timed_out"),
         )
 
     def stop(self, signum: int = signal.SIGTERM, *, kill_after: float | None = None) -> None:
@@ -188,13 +200,16 @@ def main(
     slot: Any,
     deadline: float,
     margin: float,
+    timeout: float | None,
+    grace: float,
     *,
     report: Connection,
     setup_failure: str = "",
 ) -> None:
     """The child: run job ``name`` for ``slot`` and report how it went."""
     os.setsid()  # its own process group: a stop reaches the job's own children too
-    guard, job_alive = _guard(report, deadline, margin)
+    timeout_at = None if timeout is None else time.monotonic() + timeout
+    guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at, grace))
     from django.db import connections
 
     from .registry import get_job
@@ -235,13 +250,26 @@ def main(
     os._exit(code)  # no atexit handlers of the fork server's
 
 
-def _guard(connection: Connection, deadline: float, margin: float) -> tuple[int, int]:
+@dataclass
+class _Limits:
+    """When a job must stop: its lease (``deadline``, renewed by the scheduler, less a
+    safety ``margin``) and its timeout (``timeout_at``; SIGKILL ``grace`` seconds later).
+    Monotonic seconds."""
+
+    deadline: float
+    margin: float
+    timeout_at: float | None
+    grace: float
+
+
+def _guard(connection: Connection, limits: _Limits) -> tuple[int, int]:
     """Fork the guard that stops this process group when the job may no longer run.
 
     It waits for the first of: the job's end (the pipe this process holds closes), the
     scheduler's end (its end of the connection closes: SIGKILL at once), a new lease
-    deadline from the scheduler, or ``deadline - margin`` (SIGTERM, then SIGKILL at
-    ``deadline - margin / 2``). Returns the guard's pid and this process's pipe end.
+    deadline from the scheduler, ``deadline - margin`` (SIGTERM, then SIGKILL at
+    ``deadline - margin / 2``), or the timeout (SIGTERM, then SIGKILL after the grace).
+    Returns the guard's pid and this process's pipe end.
     """
     job_alive_read, job_alive_write = os.pipe()
     guard = os.fork()
@@ -250,22 +278,37 @@ def _guard(connection: Connection, deadline: float, margin: float) -> tuple[int,
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop is for the job
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             os.close(job_alive_write)
-            _watch(connection, job_alive_read, deadline, margin)
+            _watch(connection, job_alive_read, limits)
         finally:
             os._exit(0)
     os.close(job_alive_read)
     return guard, job_alive_write
 
 
-def _watch(connection: Connection, job_alive: int, deadline: float, margin: float) -> None:
+def _watch(connection: Connection, job_alive: int, limits: _Limits) -> None:
+    deadline, margin, timeout_at = limits.deadline, limits.margin, limits.timeout_at
+    renewed = True  # renewals count until the lease is given up for lost
+    kill_at = float("inf")
     while True:
-        left = deadline - margin - time.monotonic()
-        if left <= 0:
-            break
+        now = time.monotonic()
+        if renewed and now >= deadline - margin:
+            # No renewal reached us in time: the job must be gone before the lease can end.
+            renewed = False
+            _stop(connection, {"lease_ended": now})
+            kill_at = min(kill_at, deadline - margin / 2)
+        elif timeout_at is not None and now >= timeout_at:
+            timeout_at = None
+            _stop(connection, {"timed_out": now})
+            kill_at = min(kill_at, now + limits.grace)
+        if now >= kill_at:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+            return
         # Short waits, each followed by a look at the clock: a wait of the whole time left
         # would not count the time this process spent stopped (SIGSTOP, a VM paused).
-        waits = [connection.fileno(), job_alive]
-        ready, _, _ = select.select(waits, [], [], min(left, GUARD_TICK))
+        tick = GUARD_TICK if kill_at == float("inf") else GUARD_TICK / 4
+        events = [kill_at, deadline - margin if renewed else kill_at, timeout_at or kill_at]
+        waits = [job_alive, connection.fileno()] if renewed else [job_alive]
+        ready, _, _ = select.select(waits, [], [], max(0.0, min(tick, min(events) - now)))
         if job_alive in ready:
             return
         if connection.fileno() in ready:
@@ -274,12 +317,10 @@ def _watch(connection: Connection, job_alive: int, deadline: float, margin: floa
             except (EOFError, OSError):  # the scheduler is gone, the job is not
                 os.killpg(os.getpgrp(), signal.SIGKILL)
                 return
-    # No renewal reached us in time: the job must be gone before the lease can end.
+
+
+def _stop(connection: Connection, why: dict[str, float]) -> None:
+    """Tell the scheduler why the job is stopped, and send its process group SIGTERM."""
     with suppress(OSError):
-        connection.send({"lease_ended": time.monotonic()})
+        connection.send(why)
     os.killpg(os.getpgrp(), signal.SIGTERM)
-    while time.monotonic() < deadline - margin / 2:
-        ready, _, _ = select.select([job_alive], [], [], GUARD_TICK / 4)
-        if job_alive in ready:
-            return
-    os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -39,17 +39,32 @@ class Job:
     retry_failed: bool = False
     catch_up: CatchUp = field(default_factory=CatchUp)
     task: Any = None  # a django.tasks Task this job enqueues at each slot
+    timeout: DurationLike | None = None  # None: EXCLUSIVE_JOBS["TIMEOUT"]
 
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the
         decorator checks them; a change of ``None`` leaves that setting as declared."""
-        from ..lock.validation import validate_timing
+        from ..lock.validation import validate_timeout, validate_timing
 
         given = {key: value for key, value in changes.items() if value is not None}
         if not given:
             return self
         validate_timing(given.get("ttl", self.ttl), given.get("min_hold", self.min_hold))
+        if "timeout" in given:
+            given["timeout"] = validate_timeout(given["timeout"])
         return replace(self, **given)
+
+    @property
+    def time_limit(self) -> float | None:
+        """Seconds a run may last before it is stopped (its ``timeout=``, else the
+        ``TIMEOUT`` setting); None: no limit."""
+        from ..conf import app_settings
+        from ..lock.durations import parse_duration
+
+        timeout = app_settings.TIMEOUT if self.timeout is None else self.timeout
+        if timeout is None:
+            return None
+        return parse_duration(timeout, what="timeout").total_seconds()
 
     @property
     def target(self) -> str:

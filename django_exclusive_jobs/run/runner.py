@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -25,7 +27,7 @@ from ..lock.lock import Lock
 from . import history
 from .child import ChildExit
 from .registry import Job
-from .shutdown import Interrupted
+from .shutdown import Interrupted, TimedOut, time_limit
 from .status import RunStatus
 from .tasks import Enqueued
 
@@ -41,6 +43,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DATABASE = 3
 EXIT_LOST = 4
+EXIT_TIMED_OUT = 124  # as timeout(1)
 
 EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot
 
@@ -69,6 +72,8 @@ class RunResult:
             return 128 + self.signum
         if self.status == RunStatus.LOST:
             return EXIT_LOST
+        if self.status == RunStatus.TIMED_OUT:
+            return EXIT_TIMED_OUT
         if self.returncode:
             return self.returncode if self.returncode > 0 else 128 - self.returncode
         return EXIT_FAILED
@@ -96,6 +101,9 @@ class Run:
         request: RunRequest | None = None,
         requested_by: str = "",
         not_before: dt.datetime | None = None,
+        stop_at_timeout: bool = False,
+        on_timeout: Callable[[float], None] | None = None,
+        grace: float = 10.0,
     ) -> None:
         #: The job and its settings.
         self.job = job
@@ -111,6 +119,13 @@ class Run:
         self.request = request
         self.requested_by = requested_by[:255]
         self.not_before = not_before
+        # The job's timeout stops :meth:`call` (the commands' runs; a direct call of the
+        # decorated function, in a web request, is never stopped): ``on_timeout(seconds)``
+        # stops what it runs (a program), else TimedOut is raised in this thread, and a job
+        # that has not returned ``grace`` seconds later ends the process.
+        self.stop_at_timeout = stop_at_timeout
+        self.on_timeout = on_timeout
+        self.grace = grace
         # What happened so far.
         self.lock: Lock | None = None
         self.run_id: int | None = None
@@ -122,6 +137,8 @@ class Run:
         # Writes this run's end later, when the database could not be reached at its end.
         self.unwritten_end: Callable[[], None] | None = None
         self._started = 0.0
+        self._finished: RunResult | None = None
+        self._finishing = threading.Lock()
 
     @property
     def job_slot(self) -> dt.datetime | None:
@@ -144,14 +161,15 @@ class Run:
         result = self.begin(started)
         with self._executing(result):
             self._may_start(started)
-            result.value = target(started) if target else self.job.call(self.job_slot)
-        self.finish(result)
+            with self._time_limit():
+                result.value = target(started) if target else self.job.call(self.job_slot)
+        result = self.finish(result)
         if self.pending_signal is not None and result.status != RunStatus.INTERRUPTED:
             # The signal came while the lock was being released: the job had ended, but
             # the process was still asked to stop.
             result.status, result.signum = RunStatus.INTERRUPTED, self.pending_signal
         escaping = result.exception
-        if escaping is not None and not isinstance(escaping, (Exception, Interrupted)):
+        if escaping is not None and not isinstance(escaping, (Exception, Interrupted, TimedOut)):
             raise escaping
         return result
 
@@ -180,7 +198,12 @@ class Run:
             self._may_start(lock)
             margin = watchdog_margin(lock.ttl.total_seconds())
             child = JobProcess(
-                self.name, self.job_slot, grace=grace, deadline=lock.deadline, margin=margin
+                self.name,
+                self.job_slot,
+                grace=grace,
+                deadline=lock.deadline,
+                margin=margin,
+                timeout=self.job.time_limit,
             )
             # Each renewal reaches the child's guard, which stops the job by itself when
             # none comes in time.
@@ -201,6 +224,8 @@ class Run:
         returned_in_time = outcome.finished and (outcome.ended or 0) < (outcome.lease_ended or 0)
         if outcome.lease_ended is not None and not returned_in_time:
             self.record(result, LockLost(lock.name, lock.token, LEASE_ENDED))
+        elif outcome.timed_out is not None and not outcome.finished:
+            self.record(result, TimedOut(self.job.time_limit or 0.0))
         elif outcome.error is not None:
             self.record(result, outcome.error)
         elif not lock.lost and (outcome.interrupted_by or child.stopped_by):
@@ -222,6 +247,48 @@ class Run:
             self.record(result, exc)
         finally:
             self.in_job = False
+
+    @contextmanager
+    def _time_limit(self) -> Iterator[None]:
+        """Around the job's execution in :meth:`call`: stop it at its timeout."""
+        limit = self.job.time_limit if self.stop_at_timeout else None
+        if limit is None:
+            yield
+            return
+        last_resort = None
+        if self.on_timeout is None:  # in this thread: a job that ignores TimedOut
+            last_resort = threading.Timer(limit + self.grace, self._abandon, (limit,))
+            last_resort.daemon = True
+            last_resort.start()
+        try:
+            with time_limit(limit, lambda: self._timed_out(limit)):
+                yield
+        finally:
+            if last_resort is not None:
+                last_resort.cancel()
+
+    def _timed_out(self, limit: float) -> None:
+        """The run passed its timeout (SIGALRM, in the main thread): stop the job."""
+        if self.on_timeout is not None:
+            self.on_timeout(limit)
+        elif self.in_job:
+            raise TimedOut(limit)
+
+    def _abandon(self, limit: float) -> None:
+        """The job did not return within the grace after TimedOut (it caught it, or is
+        stuck in C code): record the run timed out, release the lock, end the process, as
+        SIGKILL ends a job's process elsewhere. Runs in a timer thread."""
+        if not self.in_job or self.lock is None:
+            return
+        self._say(
+            f"{self.name} did not stop within {self.grace:g}s of its timeout: ending the process",
+            normal=False,
+        )
+        result = self.begin(self.lock)
+        self.record(result, TimedOut(limit))
+        self.finish(result)
+        logging.shutdown()
+        os._exit(EXIT_TIMED_OUT)
 
     def _may_start(self, lock: Lock) -> None:
         """Raise if the job must not start: a stop asked for while the lock was being
@@ -292,6 +359,8 @@ class Run:
         """Set the status a job's exception means."""
         if isinstance(exc, Interrupted):
             result.status, result.signum = RunStatus.INTERRUPTED, exc.signum
+        elif isinstance(exc, TimedOut):
+            result.status = RunStatus.TIMED_OUT
         elif isinstance(exc, LockLost):
             result.status = RunStatus.LOST
         elif isinstance(exc, Exception):
@@ -304,8 +373,16 @@ class Run:
     def finish(self, result: RunResult, *, ended: float | None = None) -> RunResult:
         """Stop keep-alive, release (min_hold honoured), record, say and signal the end.
 
-        ``ended``: when the job ended (monotonic), if known better than "now".
+        ``ended``: when the job ended (monotonic), if known better than "now". Once per
+        run: a second call (a job that returned while its timeout ended the process)
+        returns the first result.
         """
+        with self._finishing:
+            if self._finished is None:
+                self._finished = self._finish(result, ended)
+            return self._finished
+
+    def _finish(self, result: RunResult, ended: float | None) -> RunResult:
         lock = self.lock
         assert lock is not None
         result.duration = (ended or time.monotonic()) - self._started

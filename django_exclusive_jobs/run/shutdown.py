@@ -1,4 +1,4 @@
-"""Stopping a run on SIGTERM or SIGINT without leaving its lock held."""
+"""Stopping a run without leaving its lock held: on SIGTERM or SIGINT, or at its timeout."""
 
 from __future__ import annotations
 
@@ -19,6 +19,35 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+class TimedOut(BaseException):
+    """A run that lasted longer than its job's ``timeout``: raised in the main thread of
+    an in-process run (a BaseException, as :class:`Interrupted`), or the reason recorded
+    for a process that was stopped."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(f"the run passed its timeout of {seconds:g}s and was stopped")
+
+
+@contextmanager
+def time_limit(seconds: float, on_timeout: Callable[[], None]) -> Iterator[None]:
+    """While inside, ``on_timeout()`` is called once ``seconds`` have passed (from a
+    SIGALRM handler, in the main thread: it may raise there, as a SIGTERM handler does).
+
+    Only the main thread can handle signals; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: on_timeout())
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @contextmanager

@@ -145,3 +145,32 @@ def steady(slot: object) -> None:
     mark(f"steady-start {slot.isoformat()}")  # type: ignore[attr-defined]
     time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
     mark(f"steady-end {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+# --- timeouts (tests/test_timeout.py) ---------------------------------------------------
+
+
+@exclusive_job(
+    "overrun",
+    every=os.environ.get("TICK_EVERY", "2s"),
+    ttl=3,
+    timeout=os.environ.get("JOB_TIMEOUT", "1s"),
+)
+def overrun() -> None:
+    """Runs JOB_SECONDS (30) past its timeout; with STUBBORN set it ignores SIGTERM and
+    catches what is raised to stop it, so only SIGKILL (or the end of its process) can."""
+    import signal
+
+    stubborn = bool(os.environ.get("STUBBORN"))
+    if stubborn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    mark("overrun-start")
+    end = time.monotonic() + float(os.environ.get("JOB_SECONDS", "30"))
+    while time.monotonic() < end:
+        try:
+            time.sleep(0.05)
+        except BaseException:
+            if not stubborn:
+                raise
+            mark("overrun-ignored")
+    mark("overrun-end")

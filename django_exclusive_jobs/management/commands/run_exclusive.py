@@ -35,6 +35,7 @@ exit codes:
   2    usage or configuration error (unknown NAME, bad option, migrations not applied)
   3    the database cannot be reached (the job is not run)
   4    the lock was lost during the run (a child program is terminated)
+  124  the run passed its timeout and was stopped (as timeout(1))
   128+N  stopped by signal N (SIGTERM: 143, SIGINT: 130); the lock is released
 """
 
@@ -76,10 +77,17 @@ class Command(JobCommand):
             help="exit code when another server holds the lock (default 0)",
         )
         parser.add_argument(
+            "--timeout",
+            type=_duration,
+            help="stop the run if it lasts longer than this (default: the job's timeout=, "
+            "else EXCLUSIVE_JOBS['TIMEOUT'], else no limit)",
+        )
+        parser.add_argument(
             "--grace",
             type=_duration,
             default="10s",
-            help="how long a child program may take to exit after SIGTERM (default 10s)",
+            help="how long a job stopped at its timeout, or a child program sent SIGTERM, "
+            "may take to end before it is killed (default 10s)",
         )
         parser.add_argument(
             "--every", type=_duration, help="the job's schedule: run once per slot of this length"
@@ -139,11 +147,20 @@ class Command(JobCommand):
         if child is not None:
             child.grace = grace
         if target is not None:  # a program or a management command
-            run = Run(job, report=report, on_lost=child.on_lost if child else None)
+            run = Run(
+                job,
+                report=report,
+                on_lost=child.on_lost if child else None,
+                stop_at_timeout=True,
+                on_timeout=child.on_timeout if child else None,
+                grace=grace,
+            )
             with stop_on_signals(child.on_signal if child is not None else run.on_signal):
                 result = run.call(target)
         else:  # catch_up="all": each missed slot in turn, as the scheduler does
-            result = call_each_due(lambda: Run(job, report=report))
+            result = call_each_due(
+                lambda: Run(job, report=report, stop_at_timeout=True, grace=grace)
+            )
         if result.status == RunStatus.SKIPPED:
             code = options["skipped_exit_code"]
         else:
@@ -168,6 +185,7 @@ class Command(JobCommand):
             "wait": options["wait"],
             "using": options["database"],
             "keepalive": options["keepalive"],
+            "timeout": options["timeout"],
         }
         overrides["schedule"] = make_schedule(
             every=options["every"],
