@@ -122,13 +122,13 @@ def test_the_schedulers_job_past_its_timeout_is_stopped_and_the_next_slot_runs(
 ) -> None:
     extra = {"STUBBORN": "1"} if stubborn else {}
     env = scheduler_env(marker, **extra)
-    process = start_scheduler(schedulers, alias, "--jobs", "overrun", "--grace", "1", env=env)
+    process = start_scheduler(schedulers, alias, "--jobs", "overrun", env=env)
     wait_for(lambda: JobRun.objects.using(alias).filter(status="timed_out").count() >= 2, 60)
     stop(process)
     rows = history(alias, "overrun")
     ended = [run for run in rows if run.status == "timed_out"]
     assert all(run.error_type == "TimedOut" for run in ended)
-    # Stopped at 1 s (+ the 1-s grace when it ignores SIGTERM), never its 30 s.
+    # Stopped at 1 s (+ 5 s to SIGKILL when it ignores SIGTERM), never its 30 s.
     assert all(run.duration is not None and 1 <= run.duration < 10 for run in ended)
     assert runs(marker, "overrun-end") == 0
     assert released(alias, "overrun")
@@ -176,9 +176,11 @@ def test_a_bad_timeout_option_is_one_line_and_exit_2(alias: str, marker: Path) -
 def test_a_bad_timeout_setting_is_check_e015(value: object) -> None:
     from django.core.management.base import SystemCheckError
 
-    with override_settings(EXCLUSIVE_JOBS={"TIMEOUT": value}):
-        with pytest.raises(SystemCheckError, match="E015"):
-            call_command("check")
+    with (
+        override_settings(EXCLUSIVE_JOBS={"TIMEOUT": value}),
+        pytest.raises(SystemCheckError, match="E015"),
+    ):
+        call_command("check")
 
 
 def _django() -> list[str]:

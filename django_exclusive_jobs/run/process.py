@@ -20,7 +20,7 @@ that stops the job's process group when the job may no longer run:
   scheduler forwards each renewal's new deadline (on the monotonic clock, which the
   processes of one machine share). A whole machine that stops (a VM pause) stops the
   guard too: the fencing token is what refuses that job's late writes;
-* the job passed its ``timeout``: SIGTERM, SIGKILL after the scheduler's grace.
+* the job passed its ``timeout``: SIGTERM, SIGKILL :data:`KILL_AFTER` seconds later.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def shut_down() -> None:
 
 
 GUARD_TICK = 0.2  # seconds: how often a job's guard looks at the clock
+KILL_AFTER = 5.0  # seconds a job sent SIGTERM (a stop, its timeout) gets before SIGKILL
 
 
 class JobFailed(Exception):
@@ -109,9 +110,7 @@ class JobProcess:
         ours, theirs = socket.socketpair()
         self.reader = Connection(ours.detach())
         try:
-            self.child = _server.start(
-                (name, slot, deadline, margin, timeout, grace), theirs.fileno()
-            )
+            self.child = _server.start((name, slot, deadline, margin, timeout), theirs.fileno())
         except BaseException:
             self.reader.close()
             raise
@@ -201,7 +200,6 @@ def main(
     deadline: float,
     margin: float,
     timeout: float | None,
-    grace: float,
     *,
     report: Connection,
     setup_failure: str = "",
@@ -209,7 +207,7 @@ def main(
     """The child: run job ``name`` for ``slot`` and report how it went."""
     os.setsid()  # its own process group: a stop reaches the job's own children too
     timeout_at = None if timeout is None else time.monotonic() + timeout
-    guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at, grace))
+    guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at))
     from django.db import connections
 
     from .registry import get_job
@@ -253,13 +251,11 @@ def main(
 @dataclass
 class _Limits:
     """When a job must stop: its lease (``deadline``, renewed by the scheduler, less a
-    safety ``margin``) and its timeout (``timeout_at``; SIGKILL ``grace`` seconds later).
-    Monotonic seconds."""
+    safety ``margin``) and its timeout (``timeout_at``). Monotonic seconds."""
 
     deadline: float
     margin: float
     timeout_at: float | None
-    grace: float
 
 
 def _guard(connection: Connection, limits: _Limits) -> tuple[int, int]:
@@ -268,7 +264,8 @@ def _guard(connection: Connection, limits: _Limits) -> tuple[int, int]:
     It waits for the first of: the job's end (the pipe this process holds closes), the
     scheduler's end (its end of the connection closes: SIGKILL at once), a new lease
     deadline from the scheduler, ``deadline - margin`` (SIGTERM, then SIGKILL at
-    ``deadline - margin / 2``), or the timeout (SIGTERM, then SIGKILL after the grace).
+    ``deadline - margin / 2``), or the timeout (SIGTERM, then SIGKILL after
+    :data:`KILL_AFTER`).
     Returns the guard's pid and this process's pipe end.
     """
     job_alive_read, job_alive_write = os.pipe()
@@ -299,7 +296,7 @@ def _watch(connection: Connection, job_alive: int, limits: _Limits) -> None:
         elif timeout_at is not None and now >= timeout_at:
             timeout_at = None
             _stop(connection, {"timed_out": now})
-            kill_at = min(kill_at, now + limits.grace)
+            kill_at = min(kill_at, now + KILL_AFTER)
         if now >= kill_at:
             os.killpg(os.getpgrp(), signal.SIGKILL)
             return

@@ -31,7 +31,7 @@ from ..lock.lock import Lock
 from ..lock.retry import run_statement
 from . import control
 from .heartbeat import Heartbeat
-from .process import JobProcess, Outcome, shut_down, warm_up
+from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import Run, RunResult
 from .shutdown import stop_on_signals
@@ -43,7 +43,6 @@ logger = logging.getLogger("django_exclusive_jobs")
 
 CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
 REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
-KILL_AFTER = 5.0  # seconds a job stopped at shutdown gets before SIGKILL
 LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
 PROBE_EVERY = 1.0  # seconds between two tries while the database is down
 
