@@ -23,7 +23,8 @@ job_skipped = Signal()
 
 # A job that started has ended (once per job_started).
 # Arguments: sender (job name), name (str), lock (the Lock), status (str, a RunStatus:
-# "succeeded", "failed", "interrupted", "lost" or "enqueued"), duration (float seconds),
+# "succeeded", "failed", "interrupted", "lost", "timed_out" or "enqueued"), duration
+# (float seconds),
 # exception (the exception that ended it, or None).
 job_finished = Signal()
 

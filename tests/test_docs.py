@@ -1384,6 +1384,12 @@ def test_scheduler_health_sample(sqlite: str) -> None:
     assert module.schedulers(request).status_code == 503
 
 
+def test_scheduler_timeout_sample() -> None:
+    load_sample("scheduler_timeout", export_everything_to_the_warehouse=lambda: None)
+    job = registry.get_job("nightly_export")
+    assert job is not None and job.time_limit == 45 * 60
+
+
 def test_scheduler_slot_missed_sample(sqlite: str, caplog: pytest.LogCaptureFixture) -> None:
     from django_exclusive_jobs import exclusive_job
     from django_exclusive_jobs.lock.clock import database_now
