@@ -1,4 +1,5 @@
-# Scheduling policy: one row per attempt (retries), timed-out runs, and a run's arguments.
+# Scheduling policy: one row per attempt (retries), timed-out runs, slots skipped by the
+# overlap policy, and a run's arguments.
 
 from django.db import migrations, models
 
@@ -61,6 +62,7 @@ class Migration(migrations.Migration):
                     ("missed", "missed"),
                     ("enqueued", "enqueued"),
                     ("timed_out", "timed out"),
+                    ("skipped", "skipped"),
                 ],
                 default="running",
                 max_length=16,

@@ -17,6 +17,21 @@ then runs what the job's policy says (hourly job, servers down from 09:10 to 11:
 start still counts as on time, by default the slot tolerance); ``catch_up_limit`` bounds
 how many slots ``"all"`` runs, the newest ones. Slots outside them are recorded missed.
 A job's first run has nothing before it to account for.
+
+A slot that came while the job's previous run still ran (it overran its interval) is
+not missed: the job's ``overlap`` policy decides it, whichever server starts next:
+
+================  ===================================================================
+``overlap``       slots that came during the run
+================  ===================================================================
+``"skip"``        recorded ``skipped`` (the default)
+``"buffer_one"``  the latest runs right after the run; the others are skipped
+``"buffer_all"``  each runs, in order, after the run (at most ``catch_up_limit``, the
+                  newest; the others are skipped)
+================  ===================================================================
+
+A run whose server died has no known end: the slots after its start are missed, not
+skipped, and ``catch_up`` decides them.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from ..lock.errors import LockConfigurationError
 from .schedules import Schedule
 
 POLICIES = ("latest", "skip", "all")
+OVERLAPS = ("skip", "buffer_one", "buffer_all")
 # A job every second, down for a week, would need 600,000 rows: the newest are enough.
 MAX_RECORDED = 1000
 
@@ -48,7 +64,8 @@ class Plan:
 
     run: dt.datetime | None
     missed: list[dt.datetime] = field(default_factory=list)
-    more: bool = False  # slots left to run after this one ("all")
+    more: bool = False  # slots left to run after this one ("all", "buffer_all")
+    skipped: list[dt.datetime] = field(default_factory=list)  # came during a run (overlap)
 
 
 def make_catch_up(
@@ -71,6 +88,15 @@ def make_catch_up(
     return CatchUp(policy, limit, window_delta)
 
 
+def make_overlap(overlap: str) -> str:
+    """Check ``@exclusive_job(overlap=...)``."""
+    if overlap not in OVERLAPS:
+        raise LockConfigurationError(
+            f"overlap must be one of {', '.join(map(repr, OVERLAPS))}, not {overlap!r}."
+        )
+    return overlap
+
+
 def plan(
     schedule: Schedule,
     catch_up: CatchUp,
@@ -79,6 +105,8 @@ def plan(
     *,
     paused: tuple[dt.datetime, dt.datetime] | None = None,
     current: dt.datetime | None = None,
+    overlap: str = "skip",
+    ran_until: dt.datetime | None = None,
 ) -> Plan:
     """What a start at ``now`` (database time) does, given the job's latest recorded slot.
 
@@ -86,6 +114,8 @@ def plan(
     is the current slot itself there is nothing to plan (the caller skips or retries).
     Slots within ``paused`` (the job's last pause) are neither run nor missed.
     ``current``: the slot this start serves, when not ``schedule.slot_at(now)``.
+    ``ran_until``: when the run of ``last_recorded`` ended, if it ran and ended by itself:
+    the slots up to then came during it, and ``overlap`` decides them.
     """
     if current is None:
         current = schedule.slot_at(now)
@@ -101,6 +131,11 @@ def plan(
     due.reverse()
     if paused is not None:
         due = [slot for slot in due if not paused[0] <= slot <= paused[1]]
+    during = [slot for slot in due if ran_until is not None and slot <= ran_until]
+    buffered = {"skip": 0, "buffer_one": 1, "buffer_all": catch_up.limit}[overlap]
+    cut = max(0, len(during) - buffered)
+    skipped, buffered_slots = during[:cut], during[cut:]
+    due = due[len(during) :]  # after the run: missed unless catch_up runs them
     window = catch_up.window
     if window is None and catch_up.policy == "skip":
         window = schedule.early_allowance(now)
@@ -110,4 +145,5 @@ def plan(
     else:
         runnable = [slot for slot in runnable[-1:] if slot == current]
     missed = [slot for slot in due if slot not in runnable]
-    return Plan(runnable[0] if runnable else None, missed, more=len(runnable) > 1)
+    runnable = buffered_slots + runnable
+    return Plan(runnable[0] if runnable else None, missed, len(runnable) > 1, skipped)

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.validation import validate_name, validate_timeout, validate_timing
-from .catchup import make_catch_up
+from .catchup import make_catch_up, make_overlap
 from .registry import Job, register
 from .runner import Run, RunResult
 from .schedules import make_schedule
@@ -42,6 +42,7 @@ def exclusive_job(
     catch_up_limit: int = 10,
     catch_up_window: DurationLike | None = None,
     timeout: DurationLike | None = None,
+    overlap: str = "skip",
 ) -> Callable[[F], F]: ...
 
 
@@ -63,6 +64,7 @@ def exclusive_job(
     catch_up_limit: int = 10,
     catch_up_window: DurationLike | None = None,
     timeout: DurationLike | None = None,
+    overlap: str = "skip",
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
 
@@ -79,7 +81,10 @@ def exclusive_job(
     server takes the lock over). Slots no server ran are recorded ``missed``;
     ``catch_up`` says what a late start runs: ``"latest"`` (the most recent missed slot,
     once), ``"skip"`` (nothing: wait for the next slot) or ``"all"`` (each missed slot in
-    order, at most ``catch_up_limit``, none older than ``catch_up_window``). A function
+    order, at most ``catch_up_limit``, none older than ``catch_up_window``). ``overlap``
+    says what becomes of slots that come while the job's previous run still runs:
+    ``"skip"`` (recorded skipped), ``"buffer_one"`` (the latest runs right after it) or
+    ``"buffer_all"`` (each runs, in order, at most ``catch_up_limit``). A function
     with a ``slot`` parameter is given the slot (a UTC datetime) it serves.
 
     The other arguments: ``ttl`` (lease length; default ``EXCLUSIVE_JOBS["TTL"]``),
@@ -108,6 +113,9 @@ def exclusive_job(
     if changed and schedule is None:
         raise LockConfigurationError("catch_up only applies with every= or cron=.")
     policy = make_catch_up(catch_up, catch_up_limit, catch_up_window)
+    if overlap != "skip" and schedule is None:
+        raise LockConfigurationError("overlap only applies with every= or cron=.")
+    make_overlap(overlap)
 
     def make_job(func: Callable[..., Any], task: Any = None) -> Job:
         """The job ``func`` runs as, named ``name`` or ``module.qualname``."""
@@ -126,6 +134,7 @@ def exclusive_job(
             policy,
             task=task,
             timeout=time_limit,
+            overlap=overlap,
         )
 
     def decorate(func: F) -> F:

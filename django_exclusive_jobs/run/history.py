@@ -50,8 +50,9 @@ class Claim:
     run: JobRun | None  # None: nothing runs now; ``why`` says why
     slot: dt.datetime | None = None
     missed: list[dt.datetime] = field(default_factory=list)
-    more: bool = False  # more missed slots to run after this one (catch_up="all")
+    more: bool = False  # more slots to run after this one (catch_up="all", buffered ones)
     why: str = ""
+    skipped: list[dt.datetime] = field(default_factory=list)  # came during a run (overlap)
 
 
 def claim(
@@ -60,6 +61,7 @@ def claim(
     *,
     schedule: Schedule | None = None,
     catch_up: CatchUp | None = None,
+    overlap: str = "skip",
     retry_failed: bool = False,
     request: RunRequest | None = None,
     requested_by: str = "",
@@ -110,16 +112,39 @@ def claim(
         latest.slot if latest else None,
         paused=quiet,
         current=current,
+        overlap=overlap,
+        ran_until=_ran_until(latest),
     )
     record_missed(lock, name, plan.missed)
+    _record_skipped(lock, name, plan.skipped, latest)
     if plan.run is None:
         late = plan.missed[-1].isoformat() if plan.missed else "?"
         policy = (catch_up or CatchUp()).policy
         why = f"slot {late} started too late (catch_up={policy}): recorded missed"
-        if not plan.missed:
+        if plan.skipped and not plan.missed:
+            why = f"slot {plan.skipped[-1].isoformat()} came during a run (overlap={overlap})"
+        elif not plan.missed:
             why = "its slot fell in its last pause"
-        return Claim(None, None, plan.missed, why=why)
-    return Claim(_insert(lock, name, plan.run), plan.run, plan.missed, plan.more)
+        return Claim(None, None, plan.missed, why=why, skipped=plan.skipped)
+    run = _insert(lock, name, plan.run)
+    return Claim(run, plan.run, plan.missed, plan.more, skipped=plan.skipped)
+
+
+def _ran_until(run: JobRun | None) -> dt.datetime | None:
+    """When ``run`` ended, if it ran and recorded its own end (a run closed as abandoned
+    by a later holder has no known end: its server died)."""
+    if run is None or run.status in (RunStatus.MISSED, RunStatus.SKIPPED, RunStatus.RUNNING):
+        return None
+    return run.finished_at if run.duration is not None else None
+
+
+def _record_skipped(lock: Lock, name: str, slots: list[dt.datetime], during: JobRun | None) -> None:
+    """One ``skipped`` row per slot that came while ``during`` ran (its overlap policy)."""
+    if not slots or during is None:
+        return
+    ran = during.slot.isoformat() if during.slot else "?"
+    why = f"Overlap: the run of slot {ran} by {during.holder} was still running."
+    _record_slots(lock, name, slots, RunStatus.SKIPPED, why)
 
 
 def _ours(lock: Lock) -> dict[str, Any]:
@@ -176,19 +201,23 @@ def record_missed(lock: Lock, name: str, slots: list[dt.datetime]) -> None:
     """
     if not slots:
         return
+    noticed = lock.acquired_at.isoformat(timespec="seconds") if lock.acquired_at else "?"
+    why = f"No server ran this slot before {lock.holder} started the job at {noticed}."
+    _record_slots(lock, name, slots, RunStatus.MISSED, why)
+
+
+def _record_slots(lock: Lock, name: str, slots: list[dt.datetime], status: str, why: str) -> None:
+    """Rows for slots that did not run (``missed``, ``skipped``), ignoring any that has a
+    row already; written by the lock's holder."""
     from ..models import JobRun
 
     noticed = lock.acquired_at  # database time
     assert noticed is not None
-    why = (
-        f"No server ran this slot before {lock.holder} started the job at "
-        f"{noticed.isoformat(timespec='seconds')}."
-    )
     rows = [
         JobRun(
             name=name,
             slot=slot,
-            status=RunStatus.MISSED,
+            status=status,
             host=process.host,
             pid=process.pid,
             instance=process.instance,

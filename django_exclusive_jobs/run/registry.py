@@ -40,6 +40,7 @@ class Job:
     catch_up: CatchUp = field(default_factory=CatchUp)
     task: Any = None  # a django.tasks Task this job enqueues at each slot
     timeout: DurationLike | None = None  # None: EXCLUSIVE_JOBS["TIMEOUT"]
+    overlap: str = "skip"  # slots that come during a run: see catchup.py
 
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the

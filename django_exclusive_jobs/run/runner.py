@@ -149,6 +149,18 @@ class Run:
         acquired = self.lock.acquired_at
         return self.job.schedule.slot_at(acquired) if acquired is not None else None
 
+    @property
+    def overran(self) -> bool:
+        """This run of a job with ``overlap="buffer_one"`` or ``"buffer_all"`` ended after
+        its schedule's next slot: that slot is to run now, after it."""
+        job, lock, result = self.job, self.lock, self._finished
+        if job.overlap == "skip" or job.schedule is None or self.slot is None:
+            return False
+        if lock is None or lock.acquired_at is None or result is None:
+            return False
+        ended = lock.acquired_at + dt.timedelta(seconds=result.duration)
+        return job.schedule.next_after(self.slot) <= ended
+
     # --- how the job executes -----------------------------------------------------------
 
     def call(self, target: Callable[[Lock], Any] | None = None) -> RunResult:
@@ -451,12 +463,14 @@ class Run:
             not_before=not_before,
             schedule=self.job.schedule,
             catch_up=self.job.catch_up,
+            overlap=self.job.overlap,
             retry_failed=self.job.retry_failed,
             request=self.request,
             requested_by=self.requested_by,
         )
         self.slot, self.more_due = claim.slot, claim.more
         self._say_missed(lock, claim.missed)
+        self._say_skipped(claim.skipped)
         if claim.run is None:
             return self._skipped(claim.why, lock.holder, None)
         if history.is_ours(claim.run, lock):
@@ -502,6 +516,16 @@ class Run:
             for receiver, answer in answers:
                 if isinstance(answer, Exception):
                     logger.error("slot_missed receiver %r raised", receiver, exc_info=answer)
+
+    def _say_skipped(self, skipped: list[dt.datetime]) -> None:
+        """One line for the slots that came during the previous run and were skipped."""
+        if skipped:
+            first, last = skipped[0].isoformat(), skipped[-1].isoformat()
+            span = first if len(skipped) == 1 else f"{first} .. {last}"
+            self._say(
+                f"skipped {self.name}: {len(skipped)} slot(s) came while its previous run "
+                f"still ran (overlap={self.job.overlap}), {span}; recorded"
+            )
 
     def _skipped(self, why: str, holder: str, until: dt.datetime | None) -> RunResult:
         self._say(f"skipped {self.name}: {why}")
@@ -564,7 +588,8 @@ def describe_exit(returncode: int) -> str:
 def call_each_due(make_run: Callable[[], Run]) -> RunResult:
     """Run the job now in this thread, SIGTERM/SIGINT stopping it; under
     ``catch_up="all"``, then each further missed slot in turn (as the scheduler does),
-    each a run of its own. The last run's result."""
+    and under a buffering ``overlap``, the slots that came during the run, each a run of
+    its own. The last run's result."""
     from .shutdown import stop_on_signals
 
     current = [make_run()]
@@ -578,6 +603,8 @@ def call_each_due(make_run: Callable[[], Run]) -> RunResult:
         while True:
             run = current[0]
             result = run.call()
-            if received or result.status == RunStatus.INTERRUPTED or not run.more_due:
+            if received or result.status == RunStatus.INTERRUPTED:
+                return result
+            if not run.more_due and not run.overran:
                 return result
             current[0] = make_run()

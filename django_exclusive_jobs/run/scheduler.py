@@ -394,12 +394,14 @@ class Scheduler:
         return job.schedule.next_after(moment) if job.schedule is not None else None
 
     def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime:
-        """When to try again after a skip: the next slot; with ``retry_failed``, also when
-        the holder's lease ends (if its server died, its run is then retried)."""
+        """When to try again after a skip: the next slot; with ``retry_failed`` or a
+        buffering ``overlap``, also when the holder's lease ends (if its server died, its
+        run is then retried, or the slot that came during it is run)."""
         assert job.schedule is not None
         following = job.schedule.next_after(now)
         until = result.held_until
-        if job.retry_failed and until is not None and until < following:
+        rechecks = job.retry_failed or job.overlap != "skip"
+        if rechecks and until is not None and until < following:
             return max(until, now) + dt.timedelta(milliseconds=100)
         return following
 

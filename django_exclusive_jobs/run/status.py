@@ -16,9 +16,10 @@ class RunStatus(models.TextChoices):
     ``lost`` is a run whose lock was lost while it ran; ``timed_out`` is a run stopped
     because it outlasted its job's ``timeout``; ``missed`` is a scheduled slot no
     server ran (recorded by the first start that notices); ``enqueued`` is a run that
-    handed a ``django.tasks`` Task to its backend's workers; ``skipped`` is never stored:
-    the job did not run here because another server held the lock or had already run the
-    slot.
+    handed a ``django.tasks`` Task to its backend's workers; ``skipped``: the job did not
+    run here because another server held the lock or had already run the slot (a result,
+    never stored), or, stored, a scheduled slot that came while the job's previous run
+    still ran, and that its ``overlap`` policy skipped.
     """
 
     RUNNING = "running", _("running")
@@ -33,8 +34,8 @@ class RunStatus(models.TextChoices):
 
     @classmethod
     def stored(cls) -> list[tuple[str, Any]]:
-        """The statuses a history row can have (every one but ``skipped``)."""
-        return [(value, label) for value, label in cls.choices if value != cls.SKIPPED]
+        """The statuses a history row can have: all of them."""
+        return list(cls.choices)
 
     @classmethod
     def failures(cls) -> list[str]:

@@ -174,3 +174,22 @@ def overrun() -> None:
                 raise
             mark("overrun-ignored")
     mark("overrun-end")
+
+
+# --- overlap policies (tests/test_overlap.py) -------------------------------------------
+
+
+@exclusive_job(
+    "overlong",
+    every=os.environ.get("TICK_EVERY", "2s"),
+    ttl=3,
+    overlap=os.environ.get("OVERLAP", "skip"),
+)
+def overlong(slot: object) -> None:
+    """Its first run lasts LONG_SECONDS (5), past the next slots; later runs are quick."""
+    first = os.environ.get("MARKER", "") + ".first"
+    mark(f"overlong-start {slot.isoformat()}")  # type: ignore[attr-defined]
+    if os.environ.get("MARKER") and not os.path.exists(first):
+        open(first, "w").close()
+        time.sleep(float(os.environ.get("LONG_SECONDS", "5")))
+    mark(f"overlong {slot.isoformat()}")  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from django.db import connections
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.management.base import JobCommand
 from django_exclusive_jobs.management.output import line_printer
+from django_exclusive_jobs.run.catchup import OVERLAPS
 from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
@@ -105,6 +106,12 @@ class Command(JobCommand):
             "--retry-failed",
             action="store_true",
             help="let this start retry a slot whose run failed, was interrupted or was lost",
+        )
+        parser.add_argument(
+            "--overlap",
+            choices=OVERLAPS,
+            help="what becomes of slots that come while a run still runs: skip them "
+            "(default), run the latest (buffer_one) or each (buffer_all) right after it",
         )
         parser.add_argument("--list", action="store_true", help="list registered jobs")
 
@@ -201,6 +208,14 @@ class Command(JobCommand):
                     returncode=EXIT_USAGE,
                 )
             overrides["retry_failed"] = True
+        if options["overlap"] is not None:
+            if overrides["schedule"] is None and job.schedule is None:
+                raise CommandError(
+                    "--overlap only applies with --every or --cron, or to a job that "
+                    "declares a schedule.",
+                    returncode=EXIT_USAGE,
+                )
+            overrides["overlap"] = options["overlap"]
         return overrides
 
     def _target(

@@ -1,0 +1,190 @@
+"""``overlap=``: what becomes of slots that come while the job's previous run still runs.
+
+The plan is pure (the table in catchup.py); then real schedulers and cron lines on every
+backend. The job ``overlong`` (tests/testapp/jobs.py) runs every 2 s; its first run
+lasts 5 s, so the two or three slots after it come while it runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from django_exclusive_jobs import exclusive_job
+from django_exclusive_jobs.lock.errors import LockConfigurationError
+from django_exclusive_jobs.models import JobRun
+from django_exclusive_jobs.run.catchup import CatchUp, plan
+from django_exclusive_jobs.run.schedules import Every
+
+from .test_command import argv, command_env, launch, marker, wait_for
+from .test_scheduler import executions, scheduler_env, schedulers, start_scheduler, stop
+
+__all__ = ["marker", "schedulers"]  # fixtures
+
+HOUR = dt.timedelta(hours=1)
+EVERY_HOUR = Every(period=HOUR)
+
+
+def at(hour: int, minute: int = 0) -> dt.datetime:
+    return dt.datetime(2026, 11, 24, hour, minute, tzinfo=dt.UTC)
+
+
+# --- the plan: pure ---------------------------------------------------------------------
+
+# The 08:00 run lasted until 10:30; the next start is at 11:40 (or 10:40).
+
+
+@pytest.mark.parametrize(
+    ("overlap", "run", "skipped", "more"),
+    [
+        ("skip", at(11), [at(9), at(10)], False),
+        ("buffer_one", at(10), [at(9)], True),  # then 11:00, the current slot
+        ("buffer_all", at(9), [], True),  # then 10:00, then 11:00
+    ],
+)
+def test_slots_that_came_during_a_run_follow_the_overlap_policy(
+    overlap: str, run: dt.datetime, skipped: list[dt.datetime], more: bool
+) -> None:
+    result = plan(
+        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap=overlap, ran_until=at(10, 30)
+    )
+    assert (result.run, result.skipped, result.missed, result.more) == (run, skipped, [], more)
+
+
+def test_a_start_right_after_an_overrun_serves_the_slot_that_came_during_it() -> None:
+    now, ran_until = at(10, 40), at(10, 30)
+    skip = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="skip", ran_until=ran_until)
+    assert (skip.run, skip.skipped) == (None, [at(9), at(10)])
+    one = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="buffer_one", ran_until=ran_until)
+    assert (one.run, one.skipped, one.more) == (at(10), [at(9)], False)
+
+
+def test_buffer_all_runs_at_most_the_limit_and_skips_the_older() -> None:
+    result = plan(
+        EVERY_HOUR,
+        CatchUp("latest", limit=2),
+        at(11, 40),
+        at(6),
+        overlap="buffer_all",
+        ran_until=at(10, 30),
+    )
+    assert (result.run, result.skipped, result.missed) == (at(9), [at(7), at(8)], [])
+
+
+def test_slots_after_the_run_ended_are_catch_ups_business() -> None:
+    # The run ended at 08:30; 09:00 and 10:00 came while no server ran: missed.
+    result = plan(
+        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap="skip", ran_until=at(8, 30)
+    )
+    assert (result.run, result.skipped, result.missed) == (at(11), [], [at(9), at(10)])
+
+
+def test_a_run_with_no_known_end_leaves_its_slots_to_catch_up() -> None:
+    # Its server died: a later holder closed it, with no end of its own.
+    result = plan(EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap="buffer_one")
+    assert (result.run, result.skipped, result.missed) == (at(11), [], [at(9), at(10)])
+
+
+def test_a_bad_overlap_is_one_clear_error() -> None:
+    with pytest.raises(LockConfigurationError, match="overlap must be one of"):
+        exclusive_job("bad_overlap", every="1h", overlap="queue")
+    with pytest.raises(LockConfigurationError, match="overlap only applies with every="):
+        exclusive_job("bad_overlap", overlap="buffer_one")
+
+
+# --- real processes ---------------------------------------------------------------------
+
+
+def runs_of(alias: str) -> list[JobRun]:
+    return list(JobRun.objects.using(alias).filter(name="overlong").order_by("slot"))
+
+
+def assert_each_slot_once(alias: str, marker: Path) -> list[JobRun]:
+    """One row per slot, consecutive; each slot executed at most once, and runs never
+    side by side."""
+    rows = runs_of(alias)
+    slots = [row.slot for row in rows]
+    assert len(set(slots)) == len(slots), [(r.slot, r.status) for r in rows]
+    assert all(b - a == dt.timedelta(seconds=2) for a, b in itertools.pairwise(slots))  # type: ignore[operator]
+    assert all(count == 1 for count in executions(marker, "overlong-start").values())
+    ran = sorted((r.started_at, r.finished_at) for r in rows if r.status == "succeeded")
+    for (_, end), (start, _) in itertools.pairwise(ran):
+        assert end is not None and start >= end, "two runs overlapped"
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", ["skip", "buffer_one", "buffer_all"])
+def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]], overlap: str
+) -> None:
+    env = scheduler_env(marker, OVERLAP=overlap)
+    servers = [start_scheduler(schedulers, alias, "--jobs", "overlong", env=env) for _ in "ab"]
+    wait_for(lambda: sum(r.status == "succeeded" for r in runs_of(alias)) >= 5, timeout=90)
+    for server in servers:
+        stop(server)
+    rows = assert_each_slot_once(alias, marker)
+    first = rows[0]
+    assert first.status == "succeeded" and first.duration is not None and first.duration >= 5
+    assert first.finished_at is not None
+    during = [row for row in rows[1:] if row.slot is not None and row.slot <= first.finished_at]
+    assert len(during) >= 2, "the first run should have outlasted two slots"
+    statuses = [row.status for row in during]
+    if overlap == "skip":
+        assert statuses == ["skipped"] * len(during)
+        assert all("Overlap: the run of slot" in row.error for row in during)
+    elif overlap == "buffer_one":
+        assert statuses == ["skipped"] * (len(during) - 1) + ["succeeded"]
+        assert during[-1].started_at >= first.finished_at
+    else:
+        assert statuses == ["succeeded"] * len(during)
+    assert not [row for row in rows if row.status in ("missed", "failed", "lost")]
+
+
+@pytest.mark.slow
+def test_a_cron_line_runs_the_buffered_slot_after_its_run(alias: str, marker: Path) -> None:
+    env = command_env(marker, OVERLAP="buffer_one", TICK_EVERY="2s")
+    started: list[subprocess.Popen[str]] = []
+    try:
+        first = launch(started, argv(alias, "overlong"), env)
+        wait_for(lambda: executions(marker, "overlong-start"), timeout=30)
+        time.sleep(2.5)  # the next slot comes: its cron line finds the lock held
+        second = launch(started, argv(alias, "overlong"), env)
+        out, err = second.communicate(timeout=30)
+        assert second.returncode == 0 and "skipped overlong: held by" in out, out + err
+        out, err = first.communicate(timeout=30)
+        assert first.returncode == 0, out + err
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    rows = assert_each_slot_once(alias, marker)
+    assert [row.status for row in rows][-1] == "succeeded"
+    assert len([row for row in rows if row.status == "succeeded"]) == 2, out
+    assert rows[-1].started_at >= rows[0].finished_at  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_buffered_run_doubles_no_slot(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    env = scheduler_env(marker, OVERLAP="buffer_one", LONG_SECONDS="8")
+    servers = [start_scheduler(schedulers, alias, "--jobs", "overlong", env=env) for _ in "ab"]
+    wait_for(lambda: executions(marker, "overlong-start"), timeout=30)
+    [running] = [r for r in runs_of(alias) if r.status == "running"]
+    victim = next(server for server in servers if server.pid == running.pid)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=30)
+    survivor = next(server for server in servers if server is not victim)
+    wait_for(lambda: sum(r.status == "succeeded" for r in runs_of(alias)) >= 3, timeout=90)
+    stop(survivor)
+    rows = assert_each_slot_once(alias, marker)
+    assert rows[0].status == "lost"
+    assert {row.status for row in rows[1:]} <= {"succeeded", "missed"}
