@@ -317,7 +317,8 @@ def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedul
             )
         )
     last = health.last_run
-    if last is not None and last.status in RunStatus.failures():
+    # An attempt that will be retried is not the slot's end: failing only after the last.
+    if last is not None and last.status in RunStatus.failures() and last.retry_at is None:
         found.append(
             (
                 Health.FAILING,

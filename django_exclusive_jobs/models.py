@@ -253,6 +253,21 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
             counts[name][status] = number
         return counts
 
+    def newest_attempts(self, names: list[str]) -> list[JobRun]:
+        """Each job's newest attempt of its newest slot (one query): what a scheduler
+        starting up needs to know, a missed slot or a retry it may be due for."""
+        return list(
+            self.filter(name__in=names, slot__isnull=False)
+            .annotate(
+                rank=Window(
+                    RowNumber(),
+                    partition_by=[F("name")],
+                    order_by=[F("slot").desc(), F("attempt").desc()],
+                )
+            )
+            .filter(rank=1)
+        )
+
     def kept_ids(self) -> set[int]:
         """Runs pruning must keep: each job's last run and its latest slotted run."""
         keep: set[int] = set()

@@ -168,8 +168,16 @@ CASES = [
         id="tolerance-without-schedule",
     ),
     pytest.param(
-        Case(("quick", "--retry-failed"), "retry"),
-        id="retry-failed-without-schedule",
+        Case(("quick", "--retries", "2"), "--retries only applies with --every or --cron"),
+        id="retries-without-schedule",
+    ),
+    pytest.param(
+        Case(("quick", "--every", "1h", "--retries", "-1"), "retries must be from 0 to 100"),
+        id="negative-retries",
+    ),
+    pytest.param(
+        Case(("quick", "--retry-failed"), "Unknown option(s): --retry-failed"),
+        id="retry-failed-is-gone",
     ),
     pytest.param(Case(("quick", "--bogus"), "Unknown option(s): --bogus"), id="unknown-option"),
     pytest.param(Case(("quick", "surplus"), "Unknown option(s): surplus"), id="surplus-argument"),

@@ -391,6 +391,7 @@ def test_list_shows_registered_jobs() -> None:
         "crash",
         "enqueue_now",
         "enqueue_tick",
+        "flaky_retry",
         "keepalive_probe",
         "long_tick",
         "overrun",

@@ -96,16 +96,20 @@ def test_failed_slot_is_not_rerun(alias: str) -> None:
     assert JobRun.objects.using(alias).get(name="hist-no-retry").status == RunStatus.FAILED
 
 
-def test_retry_failed_reruns_a_failed_slot_once_it_succeeds(alias: str) -> None:
+def test_retries_rerun_a_failed_slot_as_a_second_attempt_until_it_succeeds(alias: str) -> None:
     calls: list[int] = []
-    job = exclusive_job("hist-retry", using=alias, every="1h", retry_failed=True)(flaky_body(calls))
+    job = exclusive_job("hist-retry", using=alias, every="1h", retries=2, retry_backoff=0)(
+        flaky_body(calls)
+    )
     with pytest.raises(RuntimeError, match="first try"):
         job()
     job()
     assert len(calls) == 2
-    run = JobRun.objects.using(alias).get(name="hist-retry")
-    assert (run.status, run.attempt, run.error) == (RunStatus.SUCCEEDED, 2, "")
-    job()  # a succeeded slot is never retried
+    first, run = JobRun.objects.using(alias).filter(name="hist-retry").order_by("attempt")
+    assert (first.status, first.attempt, first.slot) == (RunStatus.FAILED, 1, run.slot)
+    assert first.retry_at is not None
+    assert (run.status, run.attempt, run.error, run.retry_at) == (RunStatus.SUCCEEDED, 2, "", None)
+    job()  # a succeeded slot is never retried, even with attempts left
     assert len(calls) == 2
 
 
@@ -114,7 +118,7 @@ def test_run_whose_lock_was_cleared_mid_run_is_recorded_lost_and_can_be_retried(
 ) -> None:
     calls: list[int] = []
 
-    @exclusive_job("hist-cleared", using=alias, every="1h", retry_failed=True)
+    @exclusive_job("hist-cleared", using=alias, every="1h", retries=1, retry_backoff=0)
     def job() -> None:
         calls.append(1)
         if len(calls) == 1:
@@ -123,10 +127,10 @@ def test_run_whose_lock_was_cleared_mid_run_is_recorded_lost_and_can_be_retried(
     job()
     run = JobRun.objects.using(alias).get(name="hist-cleared")
     assert run.status == RunStatus.LOST  # not "succeeded": it did not run exclusively
-    job()  # retry_failed also retries a slot whose run lost its lock
+    job()  # retries also rerun a slot whose run lost its lock
     assert len(calls) == 2
-    run.refresh_from_db()
-    assert (run.status, run.attempt) == (RunStatus.SUCCEEDED, 2)
+    retried = JobRun.objects.using(alias).get(name="hist-cleared", attempt=2)
+    assert (retried.slot, retried.status) == (run.slot, RunStatus.SUCCEEDED)
 
 
 @pytest.mark.parametrize(

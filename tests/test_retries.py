@@ -136,7 +136,7 @@ def test_late_end_of_an_old_run_does_not_overwrite_the_retry_of_its_slot(alias: 
     name = "late-end"
     calls: list[str] = []
 
-    @exclusive_job(name, using=alias, every="1h", retry_failed=True, keepalive=False)
+    @exclusive_job(name, using=alias, every="1h", retries=1, retry_backoff=0, keepalive=False)
     def job() -> None:
         if calls:
             calls.append("second server")
@@ -157,6 +157,7 @@ def test_late_end_of_an_old_run_does_not_overwrite_the_retry_of_its_slot(alias: 
 
     job()  # the first server's run ends after the second's: its lock was lost
     assert calls == ["first server", "second server"]
-    run = JobRun.objects.using(alias).get(name=name)
+    first, run = JobRun.objects.using(alias).filter(name=name).order_by("attempt")
+    assert (first.status, first.token, first.attempt) == (RunStatus.LOST, 1, 1)
     assert (run.status, run.token, run.attempt) == (RunStatus.SUCCEEDED, 2, 2)
     assert JobLock.objects.using(alias).get(name=name).token == 2

@@ -75,7 +75,7 @@ def executions(marker: Path, word: str) -> Counter[dt.datetime]:
 
 
 def history(alias: str, name: str) -> list[JobRun]:
-    return list(JobRun.objects.using(alias).filter(name=name).order_by("slot"))
+    return list(JobRun.objects.using(alias).filter(name=name).order_by("slot", "attempt"))
 
 
 def assert_every_slot_once(rows: list[JobRun], step: dt.timedelta = TWO_SECONDS) -> None:
@@ -175,7 +175,8 @@ def test_killed_scheduler_mid_run_is_lost_retried_and_later_slots_run_once(
     victim.kill()
     victim.communicate(timeout=30)
     wait_for(lambda: process_gone(child), timeout=2)  # the job (4 s) died with its scheduler
-    # The survivor takes over when the lease ends and re-runs the slot (retry_failed).
+    # The survivor takes over when the lease ends, marks attempt 1 lost with its
+    # retry_at, and runs attempt 2 (retries=1).
     wait_for(lambda: executions(marker, "tick_retry")[slot] == 1, timeout=30)
     wait_for(lambda: succeeded(alias, "tick_retry") >= 3, timeout=60)
     [survivor] = [process for process in schedulers if process is not victim]
@@ -184,9 +185,13 @@ def test_killed_scheduler_mid_run_is_lost_retried_and_later_slots_run_once(
     assert executions(marker, "tick_retry-start")[slot] == 2  # killed once, retried once
     assert f"tick_retry {slot.isoformat()} {child}" not in marker.read_text()
     rows = history(alias, "tick_retry")
+    lost, *rows = rows  # attempt 1 of the killed slot: a run of its own
+    assert (lost.slot, lost.status, lost.attempt) == (slot, "lost", 1)
+    assert lost.retry_at is not None
     assert_every_slot_once(rows, dt.timedelta(seconds=6))
     first = rows[0]
     assert (first.slot, first.status, first.attempt) == (slot, "succeeded", 2)
+    assert first.retry_at is None
     ran = executions(marker, "tick_retry")
     assert set(ran.values()) == {1} and set(ran) == {run.slot for run in rows}
 

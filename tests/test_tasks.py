@@ -18,7 +18,7 @@ from django_exclusive_jobs.models import JobRun
 from django_exclusive_jobs.run.registry import get_job
 
 from .helpers import reaped
-from .test_command import command_env, launch, manage, marker, wait_for
+from .test_command import argv, command_env, launch, manage, marker, wait_for
 from .test_faults import TcpProxy, proxied_env, proxy, server_alias
 from .test_scheduler import executions, schedulers, start_scheduler, stop
 
@@ -103,20 +103,27 @@ def test_a_failed_enqueue_is_recorded_failed_and_retried_once(
         "postgres",
         proxy.port,
         MARKER=str(marker),
-        TICK_EVERY="1h",
+        TICK_EVERY="7d",  # a retry ten minutes on stays in the slot
+        RETRY_BACKOFF="10m",
         EXCLUSIVE_JOBS_TEST_TASKS_DB="postgres",
     )
     proxy.cut("refuse")  # the task backend is down; the lock table (SQLite) is not
-    down = manage("default", "enqueue_tick", env=env)
-    assert down.returncode == 1, down.stdout + down.stderr
+    with reaped() as started:
+        down = launch(started, argv("default", "enqueue_tick"), env)
+        failed = JobRun.objects.using("default").filter(name="enqueue_tick", retry_at__isnull=False)
+        wait_for(failed.exists, timeout=60)
+        down.send_signal(signal.SIGTERM)  # stop waiting for the retry: another start runs it
+        out, err = down.communicate(timeout=30)
+    assert down.returncode == 128 + signal.SIGTERM, out + err
     [run] = JobRun.objects.using("default").filter(name="enqueue_tick")
     assert run.status == "failed" and run.task_result_id == ""
     proxy.restore()
-    again = manage("default", "enqueue_tick", env=env)  # retry_failed: the same slot
+    JobRun.objects.using("default").filter(pk=run.pk).update(retry_at=run.started_at)  # due
+    again = manage("default", "enqueue_tick", env=env)  # retries=1: the slot's attempt 2
     assert again.returncode == 0, again.stdout + again.stderr
     third = manage("default", "enqueue_tick", env=env)
     assert third.returncode == 0 and "already run" in third.stdout
-    run.refresh_from_db()
-    assert (run.status, run.attempt) == ("enqueued", 2)
+    run = JobRun.objects.using("default").get(name="enqueue_tick", attempt=2)
+    assert run.status == "enqueued"
     [task] = results("postgres")
     assert str(task.id) == run.task_result_id  # enqueued once for the slot, never twice

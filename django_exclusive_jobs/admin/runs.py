@@ -57,6 +57,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "instance",
         "token",
         "attempt",
+        "retry_time",
         "returncode",
         "requested_by",
         "task_result_id",
@@ -71,6 +72,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     started = timestamp("started_at", gettext_lazy("started at"))
     finished = timestamp("finished_at", gettext_lazy("finished at"))
     slot_time = timestamp("slot", gettext_lazy("slot"))
+    retry_time = timestamp("retry_at", gettext_lazy("retry at"))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

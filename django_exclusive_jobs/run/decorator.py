@@ -11,6 +11,7 @@ from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.validation import validate_name, validate_timeout, validate_timing
 from .catchup import make_catch_up, make_overlap
 from .registry import Job, register
+from .retries import make_retries
 from .runner import Run, RunResult
 from .schedules import make_schedule
 from .status import RunStatus
@@ -37,7 +38,8 @@ def exclusive_job(
     cron: str | None = None,
     timezone: str | None = None,
     slot_tolerance: DurationLike | None = None,
-    retry_failed: bool = False,
+    retries: int = 0,
+    retry_backoff: DurationLike | None = None,
     catch_up: str = "latest",
     catch_up_limit: int = 10,
     catch_up_window: DurationLike | None = None,
@@ -59,12 +61,14 @@ def exclusive_job(
     cron: str | None = None,
     timezone: str | None = None,
     slot_tolerance: DurationLike | None = None,
-    retry_failed: bool = False,
+    retries: int = 0,
+    retry_backoff: DurationLike | None = None,
     catch_up: str = "latest",
     catch_up_limit: int = 10,
     catch_up_window: DurationLike | None = None,
     timeout: DurationLike | None = None,
     overlap: str = "skip",
+    **removed: Any,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
 
@@ -76,9 +80,12 @@ def exclusive_job(
     With ``every="1h"`` or ``cron="0 * * * *"`` (and ``timezone=``, default
     ``settings.TIME_ZONE``) each scheduled slot runs once: a server that starts a little
     late finds the slot taken and skips, even after the first run released the lock.
-    ``retry_failed=True`` lets a later start retry a slot whose run failed, was
-    interrupted or lost its lock (a crashed server's run is marked lost once another
-    server takes the lock over). Slots no server ran are recorded ``missed``;
+    ``retries=N`` runs a slot whose run failed, timed out, was interrupted or lost its
+    lock (a crashed server's run is marked lost once another server takes the lock over)
+    again, at most N times, each attempt ``retry_backoff`` (default 30s, doubling per
+    attempt, at most an hour) after the previous one ended, by whichever server comes
+    first; a direct call never waits for a retry. Slots no server ran are recorded
+    ``missed``;
     ``catch_up`` says what a late start runs: ``"latest"`` (the most recent missed slot,
     once), ``"skip"`` (nothing: wait for the next slot) or ``"all"`` (each missed slot in
     order, at most ``catch_up_limit``, none older than ``catch_up_window``). ``overlap``
@@ -101,14 +108,24 @@ def exclusive_job(
     """
     if callable(name):
         return exclusive_job()(name)
+    if "retry_failed" in removed:
+        raise LockConfigurationError(
+            "retry_failed= was replaced by retries=N (and retry_backoff=): declare how many "
+            "times a failed slot is run again, e.g. retries=1."
+        )
+    if removed:
+        raise TypeError(
+            f"exclusive_job() got an unexpected keyword argument {next(iter(removed))!r}"
+        )
     if on_held not in ("skip", "raise"):
         raise LockConfigurationError(f"on_held must be 'skip' or 'raise', not {on_held!r}.")
     # Check what was passed here; the settings' defaults are the system checks' job.
     validate_timing(ttl, min_hold, use_settings=False)
     time_limit = validate_timeout(timeout)
     schedule = make_schedule(every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance)
-    if retry_failed and schedule is None:
-        raise LockConfigurationError("retry_failed only applies with every= or cron=.")
+    retries, backoff = make_retries(retries, retry_backoff)
+    if retries and schedule is None:
+        raise LockConfigurationError("retries only applies with every= or cron=.")
     changed = (catch_up, catch_up_limit, catch_up_window) != ("latest", 10, None)
     if changed and schedule is None:
         raise LockConfigurationError("catch_up only applies with every= or cron=.")
@@ -130,11 +147,12 @@ def exclusive_job(
             on_held,
             keepalive,
             schedule,
-            retry_failed,
-            policy,
+            catch_up=policy,
             task=task,
             timeout=time_limit,
             overlap=overlap,
+            retries=retries,
+            retry_backoff=backoff,
         )
 
     def decorate(func: F) -> F:

@@ -1,8 +1,10 @@
 """Run history: the ``JobRun`` row each run writes, and pruning old ones.
 
-The unique (name, slot) row is what makes a scheduled slot run once: a server whose cron
-fired late takes the free lock, finds the slot's row, and skips. It looks before it
-writes, so the normal path never makes the database report a unique violation.
+The unique (name, slot, attempt) row is what makes a scheduled slot run once: a server
+whose cron fired late takes the free lock, finds the slot's row, and skips. A retry
+(``retries=N``) is a row of its own, one attempt higher, written only once the previous
+attempt's ``retry_at`` has come. It looks before it writes, so the normal path never
+makes the database report a unique violation.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from . import catchup
 from .catchup import CatchUp
+from .retries import Retries
 from .schedules import Schedule
 from .status import RunStatus
 from .tasks import Enqueued
@@ -53,6 +56,7 @@ class Claim:
     more: bool = False  # more slots to run after this one (catch_up="all", buffered ones)
     why: str = ""
     skipped: list[dt.datetime] = field(default_factory=list)  # came during a run (overlap)
+    retry_at: dt.datetime | None = None  # the slot's next attempt is due then (skipped now)
 
 
 def claim(
@@ -62,7 +66,7 @@ def claim(
     schedule: Schedule | None = None,
     catch_up: CatchUp | None = None,
     overlap: str = "skip",
-    retry_failed: bool = False,
+    retry: Retries | None = None,
     request: RunRequest | None = None,
     requested_by: str = "",
     not_before: dt.datetime | None = None,
@@ -73,8 +77,10 @@ def claim(
     With a schedule, the slot comes from the lock's acquisition time on database time
     (or ``not_before``, the scheduler's due slot, when the lock came a little before it),
     and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
+    A slot whose newest attempt awaits a retry (``retry``) gets its next attempt once
+    ``retry_at`` has come; before that the claim skips and says when (``retry_at``).
     """
-    close_abandoned(lock, name)
+    close_abandoned(lock, name, retry)
     if request is not None:  # run now: paused or not, outside the schedule
         return _take_request(lock, name, request)
     if requested_by:  # run now, here: paused or not, outside the schedule
@@ -93,15 +99,16 @@ def claim(
         now = max(lock.acquired_at, not_before)
         current = schedule.latest_at_or_before(now)[0]
     runs = _runs(lock.using)
-    # One indexed look-up: the current slot's row if any, else the newest before it.
+    # One indexed look-up: the current slot's newest attempt if any, else the newest
+    # attempt of the newest slot before it.
     latest = run_statement(
         lock.using,
-        lambda: runs.filter(name=name, slot__lte=current).order_by("-slot").first(),
+        lambda: runs.filter(name=name, slot__lte=current).order_by("-slot", "-attempt").first(),
     )
     if latest is not None and latest.slot == current:
-        if retry_failed and latest.status in RunStatus.unsuccessful():
-            return Claim(_retry(lock, latest), current)
-        return Claim(latest, current)
+        return _again(lock, name, latest, now, retry)
+    if latest is not None and latest.retry_at is not None:
+        _give_up(lock, latest, current)
     quiet = None
     if state is not None and state.paused_at and state.resumed_at:
         quiet = (state.paused_at, state.resumed_at)  # the last pause: not missed
@@ -180,16 +187,63 @@ def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
     return Claim(run)
 
 
-def _insert(lock: Lock, name: str, slot: dt.datetime | None, *, requested_by: str = "") -> JobRun:
+def _again(lock: Lock, name: str, latest: JobRun, now: dt.datetime, retry: Retries | None) -> Claim:
+    """The current slot has a run: its next attempt once its retry is due, else a skip
+    (the run found tells why: succeeded, running, or its last attempt)."""
+    slot = latest.slot
+    assert slot is not None
+    retry_at = latest.retry_at
+    waits = retry is not None and latest.attempt <= retry.count
+    if retry_at is None or not waits or latest.status not in RunStatus.unsuccessful():
+        return Claim(latest, slot)
+    if retry_at > now:
+        when = retry_at.isoformat(timespec="seconds")
+        why = f"retry of slot {slot.isoformat()} at {when} (attempt {latest.attempt} ended)"
+        return Claim(None, slot, why=why, retry_at=retry_at)
+    return Claim(_insert(lock, name, slot, attempt=latest.attempt + 1), slot)
+
+
+def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:
+    """A newer slot has begun: an older slot's pending retry is never run (the newer
+    slot wins), and that attempt becomes the slot's last."""
+    given_up = run_statement(
+        lock.using,
+        lambda: (
+            _runs(lock.using).filter(pk=latest.pk, retry_at__isnull=False).update(retry_at=None)
+        ),
+    )
+    if given_up:
+        logger.warning(
+            "%s: the retry of slot %s was not run before slot %s began: given up, attempt %s "
+            "was the slot's last",
+            latest.name,
+            latest.slot.isoformat() if latest.slot else "?",
+            current.isoformat(),
+            latest.attempt,
+        )
+
+
+def _insert(
+    lock: Lock,
+    name: str,
+    slot: dt.datetime | None,
+    *,
+    requested_by: str = "",
+    attempt: int = 1,
+) -> JobRun:
     runs = _runs(lock.using)
     try:
         return run_statement(
             lock.using,
-            lambda: runs.create(name=name, slot=slot, requested_by=requested_by, **_ours(lock)),
+            lambda: runs.create(
+                name=name, slot=slot, attempt=attempt, requested_by=requested_by, **_ours(lock)
+            ),
         )
     except IntegrityError:
         # A retried insert whose first try committed, or a holder that lost its lease.
-        found: JobRun = run_statement(lock.using, lambda: runs.get(name=name, slot=slot))
+        found: JobRun = run_statement(
+            lock.using, lambda: runs.get(name=name, slot=slot, attempt=attempt)
+        )
         return found
 
 
@@ -240,35 +294,14 @@ def is_ours(run: JobRun, lock: Lock) -> bool:
     )
 
 
-def _retry(lock: Lock, existing: JobRun) -> JobRun:
-    """Take over a failed slot's row for this run (``retry_failed``)."""
-    retryable = RunStatus.unsuccessful()
-    run_statement(
-        lock.using,
-        lambda: (
-            _runs(lock.using)
-            .filter(pk=existing.pk, status__in=retryable)
-            .update(
-                attempt=F("attempt") + 1,
-                finished_at=None,
-                duration=None,
-                error_type="",
-                error="",
-                returncode=None,
-                **_ours(lock),
-            )
-        ),
-    )
-    run_statement(lock.using, existing.refresh_from_db)
-    return existing
-
-
-def close_abandoned(lock: Lock, name: str) -> None:
+def close_abandoned(lock: Lock, name: str, retry: Retries | None = None) -> None:
     """Mark this job's runs still 'running' under an older token as lost.
 
     Holding token N means every holder before it lost the lock: its server crashed, or
     it was paused or cut off and will find out itself. Without this a crashed run would
-    stay 'running' for ever, and its slot could never be retried.
+    stay 'running' for ever, and its slot could never be retried. With attempts left
+    (``retry``), a lost run gets its ``retry_at``, counted from now, so that whichever
+    server comes first after it runs the slot again.
     """
     reason = (
         f"The lock was taken over by token {lock.token} after this run's lease ran "
@@ -291,6 +324,23 @@ def close_abandoned(lock: Lock, name: str) -> None:
         logger.warning(
             "%s: %s earlier run(s) still marked running lost the lock; marked lost", name, closed
         )
+    if closed and retry is not None and retry.count and lock.acquired_at is not None:
+        _retry_lost(lock, name, retry, lock.acquired_at, reason)
+
+
+def _retry_lost(lock: Lock, name: str, retry: Retries, noticed: dt.datetime, reason: str) -> None:
+    """Give the runs just marked lost their ``retry_at`` (rare: a crash was noticed)."""
+    runs = _runs(lock.using).filter(
+        name=name, status=RunStatus.LOST, token__lt=lock.token, error=reason
+    )
+    lost = run_statement(lock.using, lambda: list(runs.values_list("pk", "slot", "attempt")))
+    for pk, slot, attempt in lost:
+        retry_at = retry.retry_at(slot, attempt, noticed)
+        if retry_at is not None:
+            run_statement(
+                lock.using,
+                lambda: runs.filter(pk=pk).update(retry_at=retry_at),  # noqa: B023
+            )
 
 
 def record_end(
@@ -302,9 +352,11 @@ def record_end(
     exception: BaseException | None,
     returncode: int | None,
     enqueued: Enqueued | None = None,
+    retry_at: dt.datetime | None = None,
 ) -> Callable[[], None] | None:
-    """Write how the run ended. When the database cannot be reached, log it and return
-    what writes it later (with the end it had: ``started_at + duration``); else None.
+    """Write how the run ended (``retry_at``: when its slot's next attempt may start).
+    When the database cannot be reached, log it and return what writes it later (with
+    the end it had: ``started_at + duration``); else None.
 
     A run marked ``lost`` by a later holder meanwhile (which took it for a crash) gets
     its real end.
@@ -318,6 +370,7 @@ def record_end(
         "returncode": returncode,
         "task_result_id": enqueued.result_id if enqueued else "",
         "task_backend": enqueued.backend if enqueued else "",
+        "retry_at": retry_at,
     }
     runs = _runs(lock.using).filter(pk=run_id, token=lock.token)
 

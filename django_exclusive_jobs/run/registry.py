@@ -20,6 +20,7 @@ from django.utils.module_loading import module_has_submodule
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
 from .catchup import CatchUp
+from .retries import DEFAULT_BACKOFF, Retries
 from .schedules import Schedule
 
 
@@ -36,7 +37,8 @@ class Job:
     on_held: str = "skip"
     keepalive: bool | None = None
     schedule: Schedule | None = None
-    retry_failed: bool = False
+    retries: int = 0  # attempts after the first for a slot whose run did not succeed
+    retry_backoff: dt.timedelta = DEFAULT_BACKOFF
     catch_up: CatchUp = field(default_factory=CatchUp)
     task: Any = None  # a django.tasks Task this job enqueues at each slot
     timeout: DurationLike | None = None  # None: EXCLUSIVE_JOBS["TIMEOUT"]
@@ -66,6 +68,11 @@ class Job:
         if timeout is None:
             return None
         return parse_duration(timeout, what="timeout").total_seconds()
+
+    @property
+    def retry(self) -> Retries:
+        """When a slot's unsuccessful attempt is run again (see ``run/retries.py``)."""
+        return Retries(self.retries, self.retry_backoff, self.schedule)
 
     @property
     def target(self) -> str:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
@@ -63,6 +63,15 @@ class RunResult:
     returncode: int | None = None  # a child program's own exit code
     signum: int | None = None
     enqueued: Enqueued | None = None  # the task result, for a django.tasks job
+    attempt: int = 1  # of the slot it served (retries=N)
+    # Ended: when the slot's next attempt may start (None: this attempt was its last).
+    # Skipped: when the slot's pending retry is due, if that is why.
+    retry_at: dt.datetime | None = None
+
+    @property
+    def final(self) -> bool:
+        """No further attempt of its slot will be made: how it ended is the slot's end."""
+        return self.retry_at is None
 
     @property
     def exit_code(self) -> int:
@@ -131,12 +140,14 @@ class Run:
         self.run_id: int | None = None
         self.slot: dt.datetime | None = None  # the slot it serves (None: a manual run)
         self.more_due = False  # catch_up="all": more missed slots to run after this one
+        self.attempt = 1  # of the slot it serves
+        self.retry_at: dt.datetime | None = None  # see RunResult.retry_at
         self.early = False  # the lock came far earlier than not_before (see _on_time)
         self.in_job = False
         self.pending_signal: int | None = None
         # Writes this run's end later, when the database could not be reached at its end.
         self.unwritten_end: Callable[[], None] | None = None
-        self._started = 0.0
+        self._started = self._acquired = 0.0
         self._finished: RunResult | None = None
         self._finishing = threading.Lock()
 
@@ -329,6 +340,7 @@ class Run:
                 reentrant=False,
                 stop_waiting=lambda: self.pending_signal is not None,
             )
+            acquired = time.monotonic()  # just after acquired_at on the database's clock
         except LockHeld as held:
             if self.pending_signal is not None:
                 return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
@@ -349,6 +361,7 @@ class Run:
             return skipped
         self.lock = lock
         self._started = time.monotonic()
+        self._acquired = acquired
         try:
             slot = f" slot={self.slot.isoformat()}" if self.slot else ""
             self._say(f"acquired {self.name} token={lock.token} holder={lock.holder}{slot}")
@@ -421,6 +434,9 @@ class Run:
             result.enqueued = result.value
         if result.enqueued is not None and result.status == RunStatus.SUCCEEDED:
             result.status = RunStatus.ENQUEUED
+        result.attempt = self.attempt
+        if self.run_id is not None and result.status in RunStatus.unsuccessful():
+            result.retry_at = self.retry_at = self._retry_at(lock, ended)
         if self.run_id is not None:
             self.unwritten_end = history.record_end(
                 lock,
@@ -430,9 +446,21 @@ class Run:
                 exception=result.exception,
                 returncode=result.returncode,
                 enqueued=result.enqueued,
+                retry_at=result.retry_at,
             )
         self._say_finished(lock, result)
         return result
+
+    def _retry_at(self, lock: Lock, ended: float | None) -> dt.datetime | None:
+        """When this unsuccessful attempt's slot may be tried again (None: no more).
+
+        Its end on the database's clock, followed from the acquisition on this machine's
+        monotonic clock as the scheduler follows it: no query on the way out."""
+        if lock.acquired_at is None:
+            return None
+        elapsed = (ended or time.monotonic()) - self._acquired
+        end = lock.acquired_at + dt.timedelta(seconds=max(0.0, elapsed))
+        return self.job.retry.retry_at(self.slot, self.attempt, end)
 
     def on_signal(self, signum: int) -> None:
         """SIGTERM/SIGINT: stop the job if it is running, else finish the lock work first.
@@ -464,17 +492,18 @@ class Run:
             schedule=self.job.schedule,
             catch_up=self.job.catch_up,
             overlap=self.job.overlap,
-            retry_failed=self.job.retry_failed,
+            retry=self.job.retry,
             request=self.request,
             requested_by=self.requested_by,
         )
         self.slot, self.more_due = claim.slot, claim.more
+        self.retry_at = claim.retry_at
         self._say_missed(lock, claim.missed)
         self._say_skipped(claim.skipped)
         if claim.run is None:
             return self._skipped(claim.why, lock.holder, None)
         if history.is_ours(claim.run, lock):
-            self.run_id = claim.run.pk
+            self.run_id, self.attempt = claim.run.pk, claim.run.attempt
             return None
         slot = self.slot.isoformat() if self.slot else "?"
         run = claim.run
@@ -533,7 +562,9 @@ class Run:
         signals.job_skipped.send(
             sender=self.name, name=self.name, holder=holder, expires_at=until, **extra
         )
-        return RunResult(self.name, RunStatus.SKIPPED, holder=holder, held_until=until)
+        return RunResult(
+            self.name, RunStatus.SKIPPED, holder=holder, held_until=until, retry_at=self.retry_at
+        )
 
     def _say(self, line: str, *, normal: bool = True) -> None:
         """One line per decision: to the log, and to ``report`` (the command's output)."""
@@ -551,6 +582,9 @@ class Run:
             exc = result.exception
             message = getattr(exc, "message", None) or exc
             detail += f" error={history.error_type(exc)}: {message}"
+        if self.slot is not None and self.job.retries:  # "attempt 1 of 3 failed; retry at T"
+            ended = self.job.retry.describe(result.attempt, result.status.value, result.retry_at)
+            detail += f" ({ended})"
         self._say(
             f"finished {self.name} status={result.status.value} "
             f"duration={result.duration:.3f}s token={lock.token}{detail}",
@@ -563,6 +597,8 @@ class Run:
             status=result.status.value,
             duration=result.duration,
             exception=result.exception,
+            attempt=result.attempt,
+            final=result.final,
         )
 
     def _lost_receiver(self, sender: Any, lock: Lock, reason: str, **kwargs: Any) -> None:
@@ -585,14 +621,16 @@ def describe_exit(returncode: int) -> str:
     return f"The job's process exited with code {returncode} before the job returned."
 
 
-def call_each_due(make_run: Callable[[], Run]) -> RunResult:
+def call_each_due(make_run: Callable[[dt.datetime | None], Run]) -> RunResult:
     """Run the job now in this thread, SIGTERM/SIGINT stopping it; under
     ``catch_up="all"``, then each further missed slot in turn (as the scheduler does),
-    and under a buffering ``overlap``, the slots that came during the run, each a run of
-    its own. The last run's result."""
+    and under a buffering ``overlap``, the slots that came during the run; after an
+    unsuccessful attempt with retries left (``retries=N``), wait until its ``retry_at``
+    on the database's clock and run the slot's next attempt. Each is a run of its own,
+    built by ``make_run(not_before)``. The last run's result."""
     from .shutdown import stop_on_signals
 
-    current = [make_run()]
+    current = [make_run(None)]
     received: list[int] = []  # a signal that came between two runs stops the next one
 
     def on_signal(signum: int) -> None:
@@ -605,6 +643,33 @@ def call_each_due(make_run: Callable[[], Run]) -> RunResult:
             result = run.call()
             if received or result.status == RunStatus.INTERRUPTED:
                 return result
-            if not run.more_due and not run.overran:
+            if result.status != RunStatus.SKIPPED and result.retry_at is not None:
+                if not _wait_for_retry(run, result.retry_at, received):
+                    # Stopped while waiting: the usual exit code of a signal; the retry is
+                    # left to whichever server comes next.
+                    return replace(result, status=RunStatus.INTERRUPTED, signum=received[0])
+                current[0] = make_run(result.retry_at)  # the same slot, never a later one
+            elif run.more_due or run.overran:
+                current[0] = make_run(None)
+            else:
                 return result
-            current[0] = make_run()
+
+
+RETRY_WAIT_STEP = 0.1  # seconds: how soon a signal ends the wait for a retry
+
+
+def _wait_for_retry(run: Run, retry_at: dt.datetime, received: list[int]) -> bool:
+    """Wait until ``retry_at`` on the database's clock; False if a signal came first."""
+    from ..lock.clock import DatabaseClock
+    from ..lock.retry import run_statement
+
+    assert run.lock is not None
+    clock = DatabaseClock(run.lock.using)
+    run_statement(run.lock.using, clock.sync)
+    run._say(f"waiting for the retry of {run.name} at {retry_at.isoformat(timespec='seconds')}")
+    while not received:
+        left = clock.seconds_until(retry_at)
+        if left <= 0:
+            return True
+        time.sleep(min(left, RETRY_WAIT_STEP))
+    return False

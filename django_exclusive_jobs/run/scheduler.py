@@ -62,7 +62,7 @@ class Outage:
     While it lasts, nothing is started: the loop only probes (clock and heartbeat) every
     second, so the database's return is noticed within about a second, and the slots due
     meanwhile start then, each under its job's catch-up policy. Nothing is retried at
-    "now + backoff": a start is always at a slot's time.
+    "now + backoff": a start is always at a slot's time (or a failed slot's ``retry_at``).
     """
 
     def __init__(self, say: Callable[[str, bool], None]) -> None:
@@ -205,28 +205,27 @@ class Scheduler:
             return
 
     def _first_due(self) -> None:
-        """A job with slots unrun since its latest run is due now (its catch-up); any
-        other waits for its next slot. A job that never ran waits too."""
-        from django.db.models import Max
-
+        """A job with slots unrun since its latest run is due now (its catch-up); one
+        whose current slot awaits a retry is due at its ``retry_at``; any other waits
+        for its next slot. A job that never ran waits too."""
         from ..models import JobRun
 
-        latest = dict(
-            JobRun.objects.using(self.using)
-            .filter(name__in=list(self.jobs), slot__isnull=False)
-            .values_list("name")
-            .annotate(last=Max("slot"))
-            .order_by()
-        )
+        latest = {
+            run.name: run
+            for run in JobRun.objects.using(self.using).newest_attempts(list(self.jobs))
+        }
         now = self.clock.now()
         for name, job in self.jobs.items():
             assert job.schedule is not None
             previous, _ = job.schedule.latest_at_or_before(now)
+            following = job.schedule.next_after(now)
             last = latest.get(name)
-            if last is not None and last < previous:
+            if last is not None and last.slot is not None and last.slot < previous:
                 self.due[name] = now
+            elif last is not None and last.retry_at is not None and job.retries:
+                self.due[name] = min(last.retry_at, following)  # claim() decides
             else:
-                self.due[name] = job.schedule.next_after(now)
+                self.due[name] = following
 
     def _keep_time(self) -> None:
         """The heartbeat, and a fresh read of the database's clock now and then (during
@@ -336,7 +335,7 @@ class Scheduler:
     def _start_one(self, job: Job, due: dt.datetime, request: RunRequest | None) -> None:
         run = Run(
             # Never wait for a held lock: the loop must keep every other job's slots. The
-            # next try is the next slot (or the lease's end, with retry_failed).
+            # next try is the next slot (or the lease's end, with retries).
             job.but(wait=0),
             report=self.report,
             on_lost=self._lost,
@@ -394,13 +393,16 @@ class Scheduler:
         return job.schedule.next_after(moment) if job.schedule is not None else None
 
     def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime:
-        """When to try again after a skip: the next slot; with ``retry_failed`` or a
-        buffering ``overlap``, also when the holder's lease ends (if its server died, its
-        run is then retried, or the slot that came during it is run)."""
+        """When to try again after a skip: the next slot. With ``retries`` or a buffering
+        ``overlap``, sooner: when the slot's pending retry is due, or when the holder's
+        lease ends (its run may fail and be retried, or its server may have died: its
+        run is then lost, and retried, or the slot that came during it is run)."""
         assert job.schedule is not None
         following = job.schedule.next_after(now)
+        if result.retry_at is not None:
+            return min(max(result.retry_at, now), following)
         until = result.held_until
-        rechecks = job.retry_failed or job.overlap != "skip"
+        rechecks = job.retries or job.overlap != "skip"
         if rechecks and until is not None and until < following:
             return max(until, now) + dt.timedelta(milliseconds=100)
         return following
@@ -423,6 +425,9 @@ class Scheduler:
             active.run.end_child(active.process, outcome)
         finally:  # even if a job_finished receiver raised
             self._keep_unwritten(active.run)
+            if active.run.retry_at is not None:
+                # The slot's next attempt: here too, whichever server comes first.
+                self._next(active.job, active.run.request, active.run.retry_at)
 
     def _keep_unwritten(self, run: Run) -> None:
         """A run whose end could not be written: write it once the database answers."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 from django_exclusive_jobs import exclusive_job
 
@@ -71,7 +72,13 @@ def tick_skip(slot: object) -> None:
     mark(f"tick_skip {slot.isoformat()}")  # type: ignore[attr-defined]
 
 
-@exclusive_job("tick_retry", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, retry_failed=True)
+@exclusive_job(
+    "tick_retry",
+    every=os.environ.get("TICK_EVERY", "2s"),
+    ttl=3,
+    retries=1,
+    retry_backoff=os.environ.get("RETRY_BACKOFF", "0"),
+)
 def tick_retry(slot: object) -> None:
     mark(f"tick_retry-start {slot.isoformat()}")  # type: ignore[attr-defined]
     time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
@@ -99,7 +106,12 @@ except ImportError:  # Django 5.2: the django_tasks backport
     from django_tasks import task
 
 
-@exclusive_job("enqueue_tick", every=os.environ.get("TICK_EVERY", "2s"), retry_failed=True)
+@exclusive_job(
+    "enqueue_tick",
+    every=os.environ.get("TICK_EVERY", "2s"),
+    retries=1,
+    retry_backoff=os.environ.get("RETRY_BACKOFF", "0"),
+)
 @task()
 def enqueue_tick(slot: str) -> None:
     mark(f"enqueue_tick {slot}")
@@ -145,6 +157,22 @@ def steady(slot: object) -> None:
     mark(f"steady-start {slot.isoformat()}")  # type: ignore[attr-defined]
     time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
     mark(f"steady-end {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+@exclusive_job(
+    "flaky_retry",
+    every=os.environ.get("TICK_EVERY", "2s"),
+    retries=2,
+    retry_backoff=os.environ.get("RETRY_BACKOFF", "0"),
+)
+def flaky_retry(slot: object) -> None:
+    """Fails on the first attempt at each slot, succeeds on the next (its memory: MARKER)."""
+    line = f"flaky_retry {slot.isoformat()}"  # type: ignore[attr-defined]
+    marker = Path(os.environ.get("MARKER", "/nonexistent"))
+    first = not marker.exists() or line not in marker.read_text()
+    mark(line)
+    if first:
+        raise RuntimeError("the first attempt fails")
 
 
 # --- timeouts (tests/test_timeout.py) ---------------------------------------------------

@@ -14,11 +14,13 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from django_exclusive_jobs.lock.durations import parse_duration
+from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.management.base import JobCommand
 from django_exclusive_jobs.management.output import line_printer
 from django_exclusive_jobs.run.catchup import OVERLAPS
 from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
+from django_exclusive_jobs.run.retries import make_retries
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule
 from django_exclusive_jobs.run.shutdown import stop_on_signals
@@ -103,9 +105,15 @@ class Command(JobCommand):
             help="how early a start may be and still serve the coming slot (default 30s)",
         )
         parser.add_argument(
-            "--retry-failed",
-            action="store_true",
-            help="let this start retry a slot whose run failed, was interrupted or was lost",
+            "--retries",
+            type=int,
+            help="run a slot whose run did not succeed again, at most this many times, "
+            "waiting --retry-backoff first (default: the job's retries=)",
+        )
+        parser.add_argument(
+            "--retry-backoff",
+            type=_duration,
+            help="wait before a retry, doubled for each next one (default: the job's, else 30s)",
         )
         parser.add_argument(
             "--overlap",
@@ -164,9 +172,11 @@ class Command(JobCommand):
             )
             with stop_on_signals(child.on_signal if child is not None else run.on_signal):
                 result = run.call(target)
-        else:  # catch_up="all": each missed slot in turn, as the scheduler does
+        else:  # catch_up="all", retries, buffered slots: each run in turn, as the scheduler does
             result = call_each_due(
-                lambda: Run(job, report=report, stop_at_timeout=True, grace=grace)
+                lambda due: Run(
+                    job, report=report, not_before=due, stop_at_timeout=True, grace=grace
+                )
             )
         if result.status == RunStatus.SKIPPED:
             code = options["skipped_exit_code"]
@@ -200,14 +210,8 @@ class Command(JobCommand):
             timezone=options["timezone"],
             tolerance=options["slot_tolerance"],
         )
-        if options["retry_failed"]:
-            if overrides["schedule"] is None and job.schedule is None:
-                raise CommandError(
-                    "--retry-failed only applies with --every or --cron, or to a job that "
-                    "declares a schedule.",
-                    returncode=EXIT_USAGE,
-                )
-            overrides["retry_failed"] = True
+        if options["retries"] is not None or options["retry_backoff"] is not None:
+            overrides.update(self._retries(job, options, scheduled=bool(overrides["schedule"])))
         if options["overlap"] is not None:
             if overrides["schedule"] is None and job.schedule is None:
                 raise CommandError(
@@ -217,6 +221,24 @@ class Command(JobCommand):
                 )
             overrides["overlap"] = options["overlap"]
         return overrides
+
+    def _retries(self, job: Job, options: dict[str, Any], *, scheduled: bool) -> dict[str, Any]:
+        """``--retries`` and ``--retry-backoff``, checked as ``@exclusive_job`` checks them."""
+        if not scheduled and job.schedule is None:
+            raise CommandError(
+                "--retries only applies with --every or --cron, or to a job that declares a "
+                "schedule.",
+                returncode=EXIT_USAGE,
+            )
+        retries = job.retries if options["retries"] is None else options["retries"]
+        backoff = options["retry_backoff"] or (job.retry_backoff if retries else None)
+        try:
+            retries, delta = make_retries(retries, backoff)
+        except LockConfigurationError as exc:
+            raise CommandError(
+                str(exc).replace("retry_backoff", "--retry-backoff"), returncode=EXIT_USAGE
+            ) from None
+        return {"retries": retries, "retry_backoff": delta}
 
     def _target(
         self, name: str, program: list[str] | None, extra: list[str]
