@@ -394,6 +394,7 @@ def test_list_shows_registered_jobs() -> None:
         "flaky_retry",
         "keepalive_probe",
         "long_tick",
+        "overlong",
         "overrun",
         "quick",
         "slow",

@@ -52,16 +52,16 @@ def test_slots_that_came_during_a_run_follow_the_overlap_policy(
     overlap: str, run: dt.datetime, skipped: list[dt.datetime], more: bool
 ) -> None:
     result = plan(
-        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap=overlap, ran_until=at(10, 30)
+        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap=overlap, ran=(at(8), at(10, 30))
     )
     assert (result.run, result.skipped, result.missed, result.more) == (run, skipped, [], more)
 
 
 def test_a_start_right_after_an_overrun_serves_the_slot_that_came_during_it() -> None:
-    now, ran_until = at(10, 40), at(10, 30)
-    skip = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="skip", ran_until=ran_until)
+    now, ran = at(10, 40), (at(8), at(10, 30))
+    skip = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="skip", ran=ran)
     assert (skip.run, skip.skipped) == (None, [at(9), at(10)])
-    one = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="buffer_one", ran_until=ran_until)
+    one = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="buffer_one", ran=ran)
     assert (one.run, one.skipped, one.more) == (at(10), [at(9)], False)
 
 
@@ -72,7 +72,7 @@ def test_buffer_all_runs_at_most_the_limit_and_skips_the_older() -> None:
         at(11, 40),
         at(6),
         overlap="buffer_all",
-        ran_until=at(10, 30),
+        ran=(at(6), at(10, 30)),
     )
     assert (result.run, result.skipped, result.missed) == (at(9), [at(7), at(8)], [])
 
@@ -80,9 +80,17 @@ def test_buffer_all_runs_at_most_the_limit_and_skips_the_older() -> None:
 def test_slots_after_the_run_ended_are_catch_ups_business() -> None:
     # The run ended at 08:30; 09:00 and 10:00 came while no server ran: missed.
     result = plan(
-        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap="skip", ran_until=at(8, 30)
+        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap="skip", ran=(at(8), at(8, 30))
     )
     assert (result.run, result.skipped, result.missed) == (at(11), [], [at(9), at(10)])
+
+
+def test_slots_before_a_late_run_started_are_catch_ups_business() -> None:
+    # The 08:00 slot ran late, from 10:20 to 10:30: 09:00 and 10:00 came before it began.
+    result = plan(
+        EVERY_HOUR, CatchUp("all"), at(11, 40), at(8), overlap="skip", ran=(at(10, 20), at(10, 30))
+    )
+    assert (result.run, result.skipped, result.missed) == (at(9), [], [])
 
 
 def test_a_run_with_no_known_end_leaves_its_slots_to_catch_up() -> None:

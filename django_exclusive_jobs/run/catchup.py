@@ -106,7 +106,7 @@ def plan(
     paused: tuple[dt.datetime, dt.datetime] | None = None,
     current: dt.datetime | None = None,
     overlap: str = "skip",
-    ran_until: dt.datetime | None = None,
+    ran: tuple[dt.datetime, dt.datetime] | None = None,
 ) -> Plan:
     """What a start at ``now`` (database time) does, given the job's latest recorded slot.
 
@@ -114,8 +114,8 @@ def plan(
     is the current slot itself there is nothing to plan (the caller skips or retries).
     Slots within ``paused`` (the job's last pause) are neither run nor missed.
     ``current``: the slot this start serves, when not ``schedule.slot_at(now)``.
-    ``ran_until``: when the run of ``last_recorded`` ended, if it ran and ended by itself:
-    the slots up to then came during it, and ``overlap`` decides them.
+    ``ran``: when the run of ``last_recorded`` started and ended, if it ran and ended by
+    itself: the slots that came in between came during it, and ``overlap`` decides them.
     """
     if current is None:
         current = schedule.slot_at(now)
@@ -131,11 +131,11 @@ def plan(
     due.reverse()
     if paused is not None:
         due = [slot for slot in due if not paused[0] <= slot <= paused[1]]
-    during = [slot for slot in due if ran_until is not None and slot <= ran_until]
+    during = [slot for slot in due if ran is not None and ran[0] < slot <= ran[1]]
     buffered = {"skip": 0, "buffer_one": 1, "buffer_all": catch_up.limit}[overlap]
     cut = max(0, len(during) - buffered)
     skipped, buffered_slots = during[:cut], during[cut:]
-    due = due[len(during) :]  # after the run: missed unless catch_up runs them
+    due = [slot for slot in due if slot not in during]  # missed unless catch_up runs them
     window = catch_up.window
     if window is None and catch_up.policy == "skip":
         window = schedule.early_allowance(now)

@@ -120,7 +120,7 @@ def claim(
         paused=quiet,
         current=current,
         overlap=overlap,
-        ran_until=_ran_until(latest),
+        ran=_ran(latest),
     )
     record_missed(lock, name, plan.missed)
     _record_skipped(lock, name, plan.skipped, latest)
@@ -137,12 +137,14 @@ def claim(
     return Claim(run, plan.run, plan.missed, plan.more, skipped=plan.skipped)
 
 
-def _ran_until(run: JobRun | None) -> dt.datetime | None:
-    """When ``run`` ended, if it ran and recorded its own end (a run closed as abandoned
-    by a later holder has no known end: its server died)."""
+def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:
+    """When ``run`` started and ended, if it ran and recorded its own end (a run closed
+    as abandoned by a later holder has no known end: its server died)."""
     if run is None or run.status in (RunStatus.MISSED, RunStatus.SKIPPED, RunStatus.RUNNING):
         return None
-    return run.finished_at if run.duration is not None else None
+    if run.duration is None or run.finished_at is None:
+        return None
+    return run.started_at, run.finished_at
 
 
 def _record_skipped(lock: Lock, name: str, slots: list[dt.datetime], during: JobRun | None) -> None:
