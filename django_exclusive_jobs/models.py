@@ -322,6 +322,11 @@ class JobRun(models.Model):
             "time) the next attempt may start. Empty on a slot's last attempt."
         ),
     )
+    backfill = models.BooleanField(
+        _("backfilled"),
+        default=False,
+        help_text=_("Run by a backfill of past slots; requested_by says who asked."),
+    )
     kwargs = models.JSONField(
         _("arguments"),
         default=dict,
@@ -527,8 +532,9 @@ class RunRequestQuerySet(models.QuerySet["RunRequest"]):
 
 
 class RunRequest(models.Model):
-    """A run asked for outside the schedule ("run now"): taken by exactly one run, or
-    cancelled by an operator before any run took it."""
+    """A run asked for outside the schedule ("run now", or a past ``slot``: a backfill),
+    or a stop asked of a running run (``stop_token``: ``overlap="cancel_other"``): taken
+    by exactly one scheduler, or cancelled by an operator before any took it."""
 
     name = JobNameField(_("job"), max_length=255)
     requested_at = models.DateTimeField(_("asked at"))
@@ -542,6 +548,18 @@ class RunRequest(models.Model):
     taken_by = models.CharField(_("taken by"), max_length=255, blank=True)
     cancelled_at = models.DateTimeField(_("cancelled at"), null=True, blank=True)
     cancelled_by = models.CharField(_("cancelled by"), max_length=255, blank=True)
+    slot = models.DateTimeField(
+        _("slot"), null=True, blank=True, help_text=_("A backfill: the past slot to run.")
+    )
+    stop_token = models.BigIntegerField(
+        _("stop token"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "A stop: the token of the run to stop, so that a newer slot can run "
+            '(overlap="cancel_other").'
+        ),
+    )
     # No constraint: pruning old runs must stay one DELETE, and may leave this dangling.
     run = models.ForeignKey(
         JobRun,

@@ -1,5 +1,5 @@
-# Scheduling policy: one row per attempt (retries), timed-out runs, slots skipped by the
-# overlap policy, and a run's arguments.
+# Scheduling policy: one row per attempt (retries), timed-out runs, slots skipped and
+# runs cancelled by the overlap policy, backfills, and a run's arguments.
 
 from django.db import migrations, models
 
@@ -49,6 +49,32 @@ class Migration(migrations.Migration):
                 verbose_name="arguments",
             ),
         ),
+        migrations.AddField(
+            model_name="jobrun",
+            name="backfill",
+            field=models.BooleanField(
+                default=False,
+                help_text="Run by a backfill of past slots; requested_by says who asked.",
+                verbose_name="backfilled",
+            ),
+        ),
+        migrations.AddField(
+            model_name="runrequest",
+            name="slot",
+            field=models.DateTimeField(
+                blank=True, help_text="A backfill: the past slot to run.", null=True, verbose_name="slot"
+            ),
+        ),
+        migrations.AddField(
+            model_name="runrequest",
+            name="stop_token",
+            field=models.BigIntegerField(
+                blank=True,
+                help_text='A stop: the token of the run to stop, so that a newer slot can run (overlap="cancel_other").',
+                null=True,
+                verbose_name="stop token",
+            ),
+        ),
         migrations.AlterField(
             model_name="jobrun",
             name="status",
@@ -62,6 +88,7 @@ class Migration(migrations.Migration):
                     ("missed", "missed"),
                     ("enqueued", "enqueued"),
                     ("timed_out", "timed out"),
+                    ("cancelled", "cancelled"),
                     ("skipped", "skipped"),
                 ],
                 default="running",

@@ -14,7 +14,8 @@ class RunStatus(models.TextChoices):
     ``running`` while a run goes on (or when its server died before anyone noticed);
     ``interrupted`` is a run stopped by a signal (a scheduler's graceful stop in a deploy);
     ``lost`` is a run whose lock was lost while it ran; ``timed_out`` is a run stopped
-    because it outlasted its job's ``timeout``; ``missed`` is a scheduled slot no
+    because it outlasted its job's ``timeout``; ``cancelled`` is a run stopped so that a
+    newer slot could run (``overlap="cancel_other"``); ``missed`` is a scheduled slot no
     server ran (recorded by the first start that notices); ``enqueued`` is a run that
     handed a ``django.tasks`` Task to its backend's workers; ``skipped``: the job did not
     run here because another server held the lock or had already run the slot (a result,
@@ -30,6 +31,7 @@ class RunStatus(models.TextChoices):
     MISSED = "missed", _("missed")
     ENQUEUED = "enqueued", _("enqueued")
     TIMED_OUT = "timed_out", _("timed out")
+    CANCELLED = "cancelled", _("cancelled")
     SKIPPED = "skipped", _("skipped")
 
     @classmethod
