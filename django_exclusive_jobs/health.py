@@ -200,7 +200,7 @@ def overview(using: str) -> Overview:
     schedulers = list(Scheduler.objects.using(using).known().with_state())
     states = {state.name: state for state in JobState.objects.using(using)}
     requests: dict[str, list[RunRequest]] = {}
-    for request in RunRequest.objects.using(using).pending().order_by("id"):
+    for request in RunRequest.objects.using(using).pending().runs().order_by("id"):
         requests.setdefault(request.name, []).append(request)
 
     alive = [row for row in schedulers if row.state == SchedulerState.ALIVE]  # type: ignore[attr-defined]

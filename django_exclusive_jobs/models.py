@@ -527,8 +527,16 @@ class JobState(models.Model):
 
 class RunRequestQuerySet(models.QuerySet["RunRequest"]):
     def pending(self) -> RunRequestQuerySet:
-        """Requests that wait for a run: neither taken by one nor cancelled."""
+        """Requests that wait: neither taken nor cancelled."""
         return self.filter(taken_at__isnull=True)
+
+    def runs(self) -> RunRequestQuerySet:
+        """Requests for a run (run now, a backfill), not stops."""
+        return self.filter(stop_token__isnull=True)
+
+    def stops(self) -> RunRequestQuerySet:
+        """Requests to stop a running run (``overlap="cancel_other"``)."""
+        return self.filter(stop_token__isnull=False)
 
 
 class RunRequest(models.Model):

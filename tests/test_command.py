@@ -400,6 +400,7 @@ def test_list_shows_registered_jobs() -> None:
         "slow",
         "spin",
         "steady",
+        "superseded",
         "tick",
         "tick_all",
         "tick_retry",

@@ -201,3 +201,103 @@ def test_kill_9_during_a_buffered_run_doubles_no_slot(
     rows = assert_each_slot_once(alias, marker)
     assert rows[0].status == "lost"
     assert {row.status for row in rows[1:]} <= {"succeeded", "missed"}
+
+
+# --- cancel_other -----------------------------------------------------------------------
+
+# The job ``superseded`` runs every 2 s; its first run would last 60 s, so the next
+# slot's start asks it to stop.
+
+
+def superseded_runs(alias: str) -> list[JobRun]:
+    return list(JobRun.objects.using(alias).filter(name="superseded").order_by("slot"))
+
+
+def assert_cancelled_then_ran(alias: str, marker: Path) -> list[JobRun]:
+    """The first run was cancelled by the next slot, which ran after it ended; no slot
+    ran twice, no run overlapped another, and no stop request is left waiting."""
+    from django_exclusive_jobs.models import RunRequest
+
+    rows = superseded_runs(alias)
+    slots = [row.slot for row in rows]
+    assert len(set(slots)) == len(slots)
+    assert all(count == 1 for count in executions(marker, "superseded-start").values())
+    head = rows[0]
+    assert head.status == "cancelled", [(r.slot, r.status, r.error) for r in rows]
+    assert head.error_type == "Cancelled" and "a newer slot could run" in head.error
+    assert head.duration is not None and head.duration < 30  # not its 60 s
+    after = [row for row in rows[1:] if row.status == "succeeded"]
+    assert after and after[0].started_at >= head.finished_at  # type: ignore[operator]
+    ran = sorted((r.started_at, r.finished_at) for r in rows if r.status == "succeeded")
+    for (_, end), (start, _) in itertools.pairwise(ran):
+        assert end is not None and start >= end, "two runs overlapped"
+    assert not RunRequest.objects.using(alias).pending().exists()
+    return rows
+
+
+@pytest.mark.slow
+def test_a_newer_slot_cancels_the_run_on_another_scheduler(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    env = scheduler_env(marker)
+    servers = [start_scheduler(schedulers, alias, "--jobs", "superseded", env=env) for _ in "ab"]
+    wait_for(lambda: sum(r.status == "succeeded" for r in superseded_runs(alias)) >= 2, 90)
+    outputs = [stop(server) for server in servers]
+    assert_cancelled_then_ran(alias, marker)
+    said = "".join(out + err for out, err in outputs)
+    assert "cancelling superseded: asked its run token=" in said
+    assert "stopping superseded: " in said and "runs a newer slot" in said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("holder", ["cron line", "scheduler"])
+def test_a_cron_lines_newer_slot_cancels_the_run(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]], holder: str
+) -> None:
+    env = command_env(marker, TICK_EVERY="2s")
+    started: list[subprocess.Popen[str]] = []
+    try:
+        if holder == "cron line":
+            first = launch(started, argv(alias, "superseded"), env)
+        else:
+            first = start_scheduler(schedulers, alias, "--jobs", "superseded", env=env)
+        wait_for(lambda: executions(marker, "superseded-start"), timeout=30)
+        time.sleep(2.2)  # the next slot has come
+        second = launch(started, argv(alias, "superseded"), env)
+        out, err = second.communicate(timeout=60)
+        assert second.returncode == 0, out + err
+        assert "cancelling superseded" in err, out + err
+        if holder == "cron line":
+            assert "acquired superseded" in out, out + err
+            out, err = first.communicate(timeout=30)
+            assert first.returncode == 0, out + err  # cancelled: by design, not a failure
+            assert "runs a newer slot" in out + err
+        else:
+            stop(first)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert_cancelled_then_ran(alias, marker)
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_cancelled_run_doubles_no_slot(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    from django_exclusive_jobs.models import RunRequest
+
+    env = scheduler_env(marker)
+    victim = start_scheduler(schedulers, alias, "--jobs", "superseded", env=env)
+    wait_for(lambda: executions(marker, "superseded-start"), timeout=30)
+    victim.send_signal(signal.SIGKILL)  # its job dies with it; the lock stays held
+    victim.communicate(timeout=30)
+    survivor = start_scheduler(schedulers, alias, "--jobs", "superseded", env=env)
+    wait_for(lambda: sum(r.status == "succeeded" for r in superseded_runs(alias)) >= 2, 60)
+    stop(survivor)
+    rows = superseded_runs(alias)
+    assert rows[0].status == "lost"
+    assert {row.status for row in rows[1:]} <= {"succeeded", "missed", "skipped"}
+    assert all(count == 1 for count in executions(marker, "superseded-start").values())
+    assert not RunRequest.objects.using(alias).pending().exists()

@@ -130,7 +130,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
 
     def _waiting(self, name: str, request_id: str) -> RunRequest | None:
-        requests = RunRequest.objects.using(self._using()).pending().filter(name=name)
+        requests = RunRequest.objects.using(self._using()).pending().runs().filter(name=name)
         return requests.filter(pk=int(request_id)).first() if request_id.isdigit() else None
 
     def _do(self, request: HttpRequest, action: str, name: str, waiting: RunRequest | None) -> None:

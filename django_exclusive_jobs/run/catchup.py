@@ -28,6 +28,10 @@ not missed: the job's ``overlap`` policy decides it, whichever server starts nex
 ``"buffer_one"``  the latest runs right after the run; the others are skipped
 ``"buffer_all"``  each runs, in order, after the run (at most ``catch_up_limit``, the
                   newest; the others are skipped)
+``"cancel_other"``  the new slot's start asks the running run (on any server) to stop,
+                  waits up to :data:`CANCEL_WAIT` for the lock, then runs; as with
+                  ``"buffer_one"``, the latest slot that came during the run runs
+                  after it, the others are skipped
 ================  ===================================================================
 
 A run whose server died has no known end: the slots after its start are missed, not
@@ -44,7 +48,8 @@ from ..lock.errors import LockConfigurationError
 from .schedules import Schedule
 
 POLICIES = ("latest", "skip", "all")
-OVERLAPS = ("skip", "buffer_one", "buffer_all")
+OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other")
+CANCEL_WAIT = 30.0  # seconds a cancel_other start waits for the run it asked to stop
 # A job every second, down for a week, would need 600,000 rows: the newest are enough.
 MAX_RECORDED = 1000
 
@@ -132,7 +137,7 @@ def plan(
     if paused is not None:
         due = [slot for slot in due if not paused[0] <= slot <= paused[1]]
     during = [slot for slot in due if ran is not None and ran[0] < slot <= ran[1]]
-    buffered = {"skip": 0, "buffer_one": 1, "buffer_all": catch_up.limit}[overlap]
+    buffered = {"buffer_one": 1, "cancel_other": 1, "buffer_all": catch_up.limit}.get(overlap, 0)
     cut = max(0, len(during) - buffered)
     skipped, buffered_slots = during[:cut], during[cut:]
     due = [slot for slot in due if slot not in during]  # missed unless catch_up runs them

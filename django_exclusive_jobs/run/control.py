@@ -11,6 +11,11 @@ run takes the job's lock like any other and marks the request taken in the same
 decision, so two clicks give two runs and two schedulers never run one request twice.
 A manual run is recorded with who asked; a paused job still runs it. A request no run
 has taken yet may be cancelled; the row keeps who cancelled it and when.
+
+A stop is a ``RunRequest`` too (``stop_token``): the start of a newer slot of a job with
+``overlap="cancel_other"`` asks the run holding that token to stop. Whatever runs it
+takes the request and stops it: a scheduler at its next poll for requests (the same
+query), a ``run_exclusive`` every :data:`STOP_POLL` seconds.
 """
 
 from __future__ import annotations
@@ -60,8 +65,54 @@ def request_run(name: str, *, by: str, using: str) -> RunRequest:
     )
 
 
+STOP_POLL = 2.0  # seconds between two looks for a stop, by a cancel_other run_exclusive
+
+
+def ask_to_stop(name: str, *, token: int, by: str, using: str) -> bool:
+    """Ask the run of ``name`` holding ``token`` to stop (once: False if it was asked)."""
+    from ..models import RunRequest
+
+    requests = RunRequest.objects.using(using)
+    if run_statement(using, requests.filter(name=name, stop_token=token).exists):
+        return False
+    run_statement(
+        using,
+        lambda: requests.create(
+            name=name, stop_token=token, requested_by=by[:255], requested_at=DatabaseNow()
+        ),
+    )
+    return True
+
+
+def find_stop(name: str, *, token: int, using: str) -> RunRequest | None:
+    """The waiting stop asked of the run of ``name`` holding ``token``, if any."""
+    from ..models import RunRequest
+
+    waiting = RunRequest.objects.using(using).pending().filter(name=name, stop_token=token)
+    return run_statement(using, waiting.first)
+
+
+def take(request: RunRequest, *, by: str, using: str) -> bool:
+    """Mark ``request`` taken by ``by``; False if another took (or cancelled) it first."""
+    from ..models import RunRequest
+
+    waiting = RunRequest.objects.using(using).pending().filter(pk=request.pk)
+    values = {"taken_at": DatabaseNow(), "taken_by": by[:255]}
+    return bool(run_statement(using, lambda: waiting.update(**values)))
+
+
+def close_stops(name: str, *, below: int, using: str) -> None:
+    """Stops asked of runs of ``name`` older than token ``below`` are moot: those runs
+    have ended (the lock has a newer holder)."""
+    from ..models import RunRequest
+
+    moot = RunRequest.objects.using(using).pending().filter(name=name, stop_token__lt=below)
+    values = {"taken_at": DatabaseNow(), "taken_by": "(the run had ended)"}
+    run_statement(using, lambda: moot.update(**values))
+
+
 def pending(names: list[str], *, using: str) -> list[RunRequest]:
-    """Requests for these jobs that wait for a run, oldest first (one query)."""
+    """Requests for these jobs that wait, runs and stops, oldest first (one query)."""
     from ..models import RunRequest
 
     waiting = RunRequest.objects.using(using).pending().filter(name__in=names).order_by("id")
@@ -103,5 +154,5 @@ def run_now(
     """
     job = get_job(name)
     assert job is not None
-    run = Run(job.but(using=using), requested_by=by, report=report, stop_at_timeout=True)
+    run = Run(job.but(using=using), requested_by=by, report=report, supervised=True)
     return run.call()

@@ -24,10 +24,11 @@ from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
 from ..lock.errors import JobLockError, LockHeld, LockLost
 from ..lock.lock import Lock
+from ..lock.sql import holder_name
 from . import history
 from .child import ChildExit
 from .registry import Job
-from .shutdown import Interrupted, TimedOut, time_limit
+from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
 from .status import RunStatus
 from .tasks import Enqueued
 
@@ -75,7 +76,8 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        if self.status in (RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.ENQUEUED):
+        done = (RunStatus.SUCCEEDED, RunStatus.SKIPPED, RunStatus.ENQUEUED, RunStatus.CANCELLED)
+        if self.status in done:
             return EXIT_OK
         if self.status == RunStatus.INTERRUPTED and self.signum:
             return 128 + self.signum
@@ -110,9 +112,10 @@ class Run:
         request: RunRequest | None = None,
         requested_by: str = "",
         not_before: dt.datetime | None = None,
-        stop_at_timeout: bool = False,
+        supervised: bool = False,
         on_timeout: Callable[[float], None] | None = None,
         grace: float = 10.0,
+        cancel_wait: float | None = None,
     ) -> None:
         #: The job and its settings.
         self.job = job
@@ -128,13 +131,20 @@ class Run:
         self.request = request
         self.requested_by = requested_by[:255]
         self.not_before = not_before
-        # The job's timeout stops :meth:`call` (the commands' runs; a direct call of the
-        # decorated function, in a web request, is never stopped): ``on_timeout(seconds)``
+        # A command's run (``supervised``; a direct call of the decorated function, in a
+        # web request, is not) is stopped by :meth:`call` at the job's timeout, and when a
+        # newer slot cancels it (``overlap="cancel_other"``): ``on_timeout(seconds)``
         # stops what it runs (a program), else TimedOut is raised in this thread, and a job
         # that has not returned ``grace`` seconds later ends the process.
-        self.stop_at_timeout = stop_at_timeout
+        self.supervised = supervised
         self.on_timeout = on_timeout
         self.grace = grace
+        # overlap="cancel_other": how long a start whose lock is held by an older slot's
+        # run waits for it once asked to stop (None: it never asks; the scheduler: 0, it
+        # looks again each second instead).
+        self.cancel_wait = cancel_wait
+        self.stop_asked = False  # this start asked the holder to stop
+        self.cancelled_by = ""  # who asked this run to stop (cancel_other)
         # What happened so far.
         self.lock: Lock | None = None
         self.run_id: int | None = None
@@ -184,15 +194,18 @@ class Run:
         result = self.begin(started)
         with self._executing(result):
             self._may_start(started)
-            with self._time_limit():
+            with self._time_limit(), self._stoppable(started):
                 result.value = target(started) if target else self.job.call(self.job_slot)
         result = self.finish(result)
-        if self.pending_signal is not None and result.status != RunStatus.INTERRUPTED:
+        stopped = (RunStatus.INTERRUPTED, RunStatus.CANCELLED)
+        if self.pending_signal is not None and result.status not in stopped:
             # The signal came while the lock was being released: the job had ended, but
             # the process was still asked to stop.
             result.status, result.signum = RunStatus.INTERRUPTED, self.pending_signal
         escaping = result.exception
-        if escaping is not None and not isinstance(escaping, (Exception, Interrupted, TimedOut)):
+        if escaping is not None and not isinstance(
+            escaping, (Exception, Interrupted, TimedOut, Cancelled)
+        ):
             raise escaping
         return result
 
@@ -274,7 +287,7 @@ class Run:
     @contextmanager
     def _time_limit(self) -> Iterator[None]:
         """Around the job's execution in :meth:`call`: stop it at its timeout."""
-        limit = self.job.time_limit if self.stop_at_timeout else None
+        limit = self.job.time_limit if self.supervised else None
         if limit is None:
             yield
             return
@@ -289,6 +302,42 @@ class Run:
         finally:
             if last_resort is not None:
                 last_resort.cancel()
+
+    @contextmanager
+    def _stoppable(self, lock: Lock) -> Iterator[None]:
+        """Around a command's job of ``overlap="cancel_other"``: look every few seconds
+        for a stop asked by a newer slot's start (elsewhere: a scheduler's poll does)."""
+        if not self.supervised or self.job.overlap != "cancel_other":
+            yield
+            return
+        done = threading.Event()
+        watcher = threading.Thread(
+            target=self._watch_for_stop, args=(lock, done), name=f"exclusive-jobs-stop:{self.name}"
+        )
+        watcher.daemon = True
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+
+    def _watch_for_stop(self, lock: Lock, done: threading.Event) -> None:
+        from django.db import connections
+
+        from . import control
+
+        try:
+            while not done.wait(control.STOP_POLL):
+                with suppress(JobLockError):
+                    asked = control.find_stop(self.name, token=lock.token, using=lock.using)
+                    if asked and control.take(asked, by=lock.holder, using=lock.using):
+                        self.cancelled_by = asked.requested_by
+                        self._say(f"stopping {self.name}: {asked.requested_by} runs a newer slot")
+                        os.kill(os.getpid(), signal.SIGTERM)  # stops it as a SIGTERM does
+                        return
+        finally:
+            connections.close_all()  # this thread's own
 
     def _timed_out(self, limit: float) -> None:
         """The run passed its timeout (SIGALRM, in the main thread): stop the job."""
@@ -331,23 +380,18 @@ class Run:
         or another async call sharing Django's sync thread) skips like any other server.
         """
         try:
-            lock = acquire_or_raise(
-                self.name,
-                ttl=self.job.ttl,
-                min_hold=self.job.min_hold,
-                wait=self.job.wait,
-                using=self.job.using,
-                reentrant=False,
-                stop_waiting=lambda: self.pending_signal is not None,
-            )
-            acquired = time.monotonic()  # just after acquired_at on the database's clock
+            lock = self._take(self.job.wait)
         except LockHeld as held:
             if self.pending_signal is not None:
                 return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
-            until = held.expires_at.isoformat(timespec="seconds") if held.expires_at else "?"
-            return self._skipped(
-                f"held by {held.holder or '?'} until {until}", held.holder, held.expires_at
-            )
+            taken = self._cancel_other(held)
+            if taken is None:
+                until = held.expires_at.isoformat(timespec="seconds") if held.expires_at else "?"
+                return self._skipped(
+                    f"held by {held.holder or '?'} until {until}", held.holder, held.expires_at
+                )
+            lock = taken
+        acquired = time.monotonic()  # just after acquired_at on the database's clock
         keepalive = app_settings.KEEPALIVE if self.job.keepalive is None else self.job.keepalive
         if keepalive:  # from now: writing history may be slow (busy retries)
             lock.start_keepalive()
@@ -375,6 +419,53 @@ class Run:
             self.finish(result)
             raise
         return lock
+
+    def _take(self, wait: Any) -> Lock:
+        return acquire_or_raise(
+            self.name,
+            ttl=self.job.ttl,
+            min_hold=self.job.min_hold,
+            wait=wait,
+            using=self.job.using,
+            reentrant=False,
+            stop_waiting=lambda: self.pending_signal is not None,
+        )
+
+    def _cancel_other(self, held: LockHeld) -> Lock | None:
+        """``overlap="cancel_other"``: if the holder took the lock before this start's
+        slot came (it runs an older slot), ask it to stop and take the lock once it has,
+        within ``cancel_wait``. None: a skip as any other (the holder serves this slot,
+        or did not stop in time)."""
+        schedule = self.job.schedule
+        if self.job.overlap != "cancel_other" or self.cancel_wait is None or schedule is None:
+            return None
+        if held.token is None or held.acquired_at is None:
+            return None
+        from ..lock.clock import database_now
+        from ..lock.lock import process
+        from ..lock.retry import run_statement
+        from ..lock.validation import resolve_alias
+        from . import control
+
+        using = resolve_alias(self.job.using)
+        now = self.not_before or run_statement(using, lambda: database_now(using))
+        slot = schedule.latest_at_or_before(now)[0] if self.not_before else schedule.slot_at(now)
+        if held.acquired_at >= slot - schedule.early_allowance(slot):
+            return None  # it serves this slot (or a newer one)
+        me = holder_name(process.host, process.pid, process.instance)
+        if control.ask_to_stop(self.name, token=held.token, by=me, using=using):
+            self._say(
+                f"cancelling {self.name}: asked its run token={held.token} by {held.holder} to "
+                f"stop, for slot {slot.isoformat()} (overlap=cancel_other)",
+                normal=False,
+            )
+        self.stop_asked = True
+        if self.cancel_wait <= 0:
+            return None
+        try:
+            return self._take(self.cancel_wait)
+        except LockHeld:
+            return None
 
     def begin(self, lock: Lock) -> RunResult:
         """The result the job's run fills in."""
@@ -434,6 +525,9 @@ class Run:
             result.enqueued = result.value
         if result.enqueued is not None and result.status == RunStatus.SUCCEEDED:
             result.status = RunStatus.ENQUEUED
+        if self.cancelled_by and result.status == RunStatus.INTERRUPTED:
+            result.status, result.signum = RunStatus.CANCELLED, None
+            result.exception = Cancelled(self.cancelled_by)
         result.attempt = self.attempt
         if self.run_id is not None and result.status in RunStatus.unsuccessful():
             result.retry_at = self.retry_at = self._retry_at(lock, ended)
@@ -485,6 +579,10 @@ class Run:
         if not lock.held:  # taking it took longer than its lease: claim nothing
             return self._skipped("the lease ran out while the lock was being taken", "", None)
         not_before = self._on_time(lock)
+        if self.job.overlap == "cancel_other":  # stops asked of runs before ours are moot
+            from . import control
+
+            control.close_stops(self.name, below=lock.token, using=lock.using)
         claim = history.claim(
             lock,
             self.name,

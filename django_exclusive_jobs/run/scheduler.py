@@ -30,6 +30,7 @@ from ..lock.errors import JobLockError, LockDatabaseError
 from ..lock.lock import Lock
 from ..lock.retry import run_statement
 from . import control
+from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
 from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
@@ -45,6 +46,7 @@ CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
 REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
 LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
 PROBE_EVERY = 1.0  # seconds between two tries while the database is down
+CANCEL_LOOK = 1.0  # seconds between two looks for a lock whose run was asked to stop
 
 
 @dataclass
@@ -311,10 +313,30 @@ class Scheduler:
             self._database_down(exc)
             return
         for request in requests:
+            if request.stop_token is not None:
+                self._stop_asked(request)
+                continue
             if len(self.running) >= self.max_concurrent:
                 return
             if request.name not in self.running:
                 self._start(self.on_request[request.name], self.clock.now(), request=request)
+
+    def _stop_asked(self, request: RunRequest) -> None:
+        """A newer slot's start asks the run holding ``request.stop_token`` to stop
+        (``overlap="cancel_other"``): if it runs here, take the request and stop it."""
+        active = self.running.get(request.name)
+        lock = active.run.lock if active is not None else None
+        if active is None or lock is None or lock.token != request.stop_token:
+            return  # another server's run, or one that has ended
+        try:
+            taken = control.take(request, by=lock.holder, using=self.using)
+        except LockDatabaseError as exc:
+            self._database_down(exc)
+            return
+        if taken:
+            active.run.cancelled_by = request.requested_by
+            self.say(f"stopping {request.name}: {request.requested_by} runs a newer slot", False)
+            active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
 
     # --- one start ----------------------------------------------------------------------
 
@@ -343,6 +365,8 @@ class Scheduler:
             # Never serve a slot before its time on the database's clock (ours is an
             # estimate).
             not_before=due if request is None else None,
+            # cancel_other: ask an older slot's run to stop, but wait for it here.
+            cancel_wait=0.0 if request is None else None,
         )
         self.starting = run
         try:
@@ -361,6 +385,11 @@ class Scheduler:
         if isinstance(started, RunResult):  # skipped, or stopped before the claim
             if request is None:
                 self.due[job.name] = self._after_skip(job, started, max(now, due))
+            if run.stop_asked and job.schedule is not None:
+                # cancel_other: the older run was asked to stop; look again in a moment.
+                slot = job.schedule.latest_at_or_before(due)[0]
+                if (now - slot).total_seconds() < CANCEL_WAIT:
+                    self.due[job.name] = now + dt.timedelta(seconds=CANCEL_LOOK)
             return
         child = run.start_child(started, grace=self.grace)
         if isinstance(child, RunResult):  # the lease ran out, or no process could start

@@ -31,6 +31,15 @@ class TimedOut(BaseException):
         super().__init__(f"the run passed its timeout of {seconds:g}s and was stopped")
 
 
+class Cancelled(BaseException):
+    """Why a run of a job with ``overlap="cancel_other"`` was stopped: a newer slot's
+    start asked for it."""
+
+    def __init__(self, by: str) -> None:
+        self.by = by
+        super().__init__(f"stopped so that a newer slot could run (asked by {by})")
+
+
 @contextmanager
 def time_limit(seconds: float, on_timeout: Callable[[], None]) -> Iterator[None]:
     """While inside, ``on_timeout()`` is called once ``seconds`` have passed (from a

@@ -221,3 +221,16 @@ def overlong(slot: object) -> None:
         open(first, "w").close()
         time.sleep(float(os.environ.get("LONG_SECONDS", "5")))
     mark(f"overlong {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+@exclusive_job(
+    "superseded", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, overlap="cancel_other"
+)
+def superseded(slot: object) -> None:
+    """Its first run would last LONG_SECONDS (60): the next slot's start cancels it."""
+    first = os.environ.get("MARKER", "") + ".first"
+    mark(f"superseded-start {slot.isoformat()}")  # type: ignore[attr-defined]
+    if os.environ.get("MARKER") and not os.path.exists(first):
+        open(first, "w").close()
+        time.sleep(float(os.environ.get("LONG_SECONDS", "60")))
+    mark(f"superseded {slot.isoformat()}")  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.management.base import JobCommand
 from django_exclusive_jobs.management.output import line_printer
-from django_exclusive_jobs.run.catchup import OVERLAPS
+from django_exclusive_jobs.run.catchup import CANCEL_WAIT, OVERLAPS
 from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
 from django_exclusive_jobs.run.retries import make_retries
@@ -119,7 +119,8 @@ class Command(JobCommand):
             "--overlap",
             choices=OVERLAPS,
             help="what becomes of slots that come while a run still runs: skip them "
-            "(default), run the latest (buffer_one) or each (buffer_all) right after it",
+            "(default), run the latest (buffer_one) or each (buffer_all) right after it, "
+            "or stop the run for the newer slot (cancel_other)",
         )
         parser.add_argument("--list", action="store_true", help="list registered jobs")
 
@@ -166,16 +167,22 @@ class Command(JobCommand):
                 job,
                 report=report,
                 on_lost=child.on_lost if child else None,
-                stop_at_timeout=True,
+                supervised=True,
                 on_timeout=child.on_timeout if child else None,
                 grace=grace,
+                cancel_wait=CANCEL_WAIT,
             )
             with stop_on_signals(child.on_signal if child is not None else run.on_signal):
                 result = run.call(target)
         else:  # catch_up="all", retries, buffered slots: each run in turn, as the scheduler does
             result = call_each_due(
                 lambda due: Run(
-                    job, report=report, not_before=due, stop_at_timeout=True, grace=grace
+                    job,
+                    report=report,
+                    not_before=due,
+                    supervised=True,
+                    grace=grace,
+                    cancel_wait=CANCEL_WAIT,
                 )
             )
         if result.status == RunStatus.SKIPPED:
