@@ -22,6 +22,7 @@ A job's first run has nothing before it to account for.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..lock.durations import DurationLike, parse_duration
@@ -79,6 +80,7 @@ def plan(
     *,
     paused: tuple[dt.datetime, dt.datetime] | None = None,
     current: dt.datetime | None = None,
+    start_of: Callable[[dt.datetime], dt.datetime] | None = None,
 ) -> Plan:
     """What a start at ``now`` (database time) does, given the job's latest recorded slot.
 
@@ -86,6 +88,7 @@ def plan(
     is the current slot itself there is nothing to plan (the caller skips or retries).
     Slots within ``paused`` (the job's last pause) are neither run nor missed.
     ``current``: the slot this start serves, when not ``schedule.slot_at(now)``.
+    ``start_of``: when a slot starts (with its jitter); a start is late from then.
     """
     if current is None:
         current = schedule.slot_at(now)
@@ -104,7 +107,8 @@ def plan(
     window = catch_up.window
     if window is None and catch_up.policy == "skip":
         window = schedule.early_allowance(now)
-    runnable = [slot for slot in due if window is None or now - slot <= window]
+    start = start_of or (lambda slot: slot)
+    runnable = [slot for slot in due if window is None or now - start(slot) <= window]
     if catch_up.policy == "all":
         runnable = runnable[-catch_up.limit :]
     else:

@@ -64,6 +64,8 @@ def claim(
     request: RunRequest | None = None,
     requested_by: str = "",
     not_before: dt.datetime | None = None,
+    kwargs: dict[str, Any] | None = None,
+    start_of: Callable[[dt.datetime], dt.datetime] | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -71,18 +73,21 @@ def claim(
     With a schedule, the slot comes from the lock's acquisition time on database time
     (or ``not_before``, the scheduler's due slot, when the lock came a little before it),
     and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
+    ``kwargs``: the arguments the run calls the job with, recorded on its row;
+    ``start_of``: when each slot starts (its jitter), from which lateness is counted.
     """
+    arguments = kwargs or {}
     close_abandoned(lock, name)
     if request is not None:  # run now: paused or not, outside the schedule
-        return _take_request(lock, name, request)
+        return _take_request(lock, name, request, arguments)
     if requested_by:  # run now, here: paused or not, outside the schedule
-        return Claim(_insert(lock, name, None, requested_by=requested_by))
+        return Claim(_insert(lock, name, None, arguments, requested_by=requested_by))
     state = run_statement(lock.using, lambda: _states(lock.using).filter(name=name).first())
     if state is not None and state.paused:
         when = state.paused_at.isoformat(timespec="seconds") if state.paused_at else "?"
         return Claim(None, why=f"paused by {state.paused_by or '?'} since {when}")
     if schedule is None:
-        return Claim(_insert(lock, name, None))
+        return Claim(_insert(lock, name, None, arguments))
     if lock.acquired_at is None:
         raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
     if not_before is None:
@@ -110,8 +115,9 @@ def claim(
         latest.slot if latest else None,
         paused=quiet,
         current=current,
+        start_of=start_of,
     )
-    record_missed(lock, name, plan.missed)
+    record_missed(lock, name, plan.missed, arguments)
     if plan.run is None:
         late = plan.missed[-1].isoformat() if plan.missed else "?"
         policy = (catch_up or CatchUp()).policy
@@ -119,7 +125,7 @@ def claim(
         if not plan.missed:
             why = "its slot fell in its last pause"
         return Claim(None, None, plan.missed, why=why)
-    return Claim(_insert(lock, name, plan.run), plan.run, plan.missed, plan.more)
+    return Claim(_insert(lock, name, plan.run, arguments), plan.run, plan.missed, plan.more)
 
 
 def _ours(lock: Lock) -> dict[str, Any]:
@@ -139,7 +145,7 @@ def _states(alias: str) -> Any:
     return JobState.objects.using(alias)
 
 
-def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
+def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:
     """Mark ``request`` taken by this run, unless another run took it first."""
     from ..models import RunRequest
 
@@ -150,17 +156,26 @@ def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
     )
     if not taken:
         return Claim(None, why=f"run request {request.pk} was taken by another run")
-    run = _insert(lock, name, None, requested_by=request.requested_by)
+    run = _insert(lock, name, None, kwargs, requested_by=request.requested_by)
     run_statement(lock.using, lambda: requests.update(run=run))
     return Claim(run)
 
 
-def _insert(lock: Lock, name: str, slot: dt.datetime | None, *, requested_by: str = "") -> JobRun:
+def _insert(
+    lock: Lock,
+    name: str,
+    slot: dt.datetime | None,
+    kwargs: dict[str, Any],
+    *,
+    requested_by: str = "",
+) -> JobRun:
     runs = _runs(lock.using)
     try:
         return run_statement(
             lock.using,
-            lambda: runs.create(name=name, slot=slot, requested_by=requested_by, **_ours(lock)),
+            lambda: runs.create(
+                name=name, slot=slot, requested_by=requested_by, kwargs=kwargs, **_ours(lock)
+            ),
         )
     except IntegrityError:
         # A retried insert whose first try committed, or a holder that lost its lease.
@@ -168,7 +183,9 @@ def _insert(lock: Lock, name: str, slot: dt.datetime | None, *, requested_by: st
         return found
 
 
-def record_missed(lock: Lock, name: str, slots: list[dt.datetime]) -> None:
+def record_missed(
+    lock: Lock, name: str, slots: list[dt.datetime], kwargs: dict[str, Any] | None = None
+) -> None:
     """One ``missed`` row per slot, written by the start that noticed them.
 
     Only the lock's holder writes them, so no other start records the same slots; a
@@ -196,6 +213,7 @@ def record_missed(lock: Lock, name: str, slots: list[dt.datetime]) -> None:
             started_at=noticed,
             finished_at=noticed,
             error=why,
+            kwargs=kwargs or {},
         )
         for slot in slots
     ]

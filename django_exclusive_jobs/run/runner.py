@@ -20,8 +20,11 @@ from typing import TYPE_CHECKING, Any
 from .. import signals
 from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
+from ..lock.clock import DatabaseClock
 from ..lock.errors import JobLockError, LockHeld, LockLost
 from ..lock.lock import Lock
+from ..lock.retry import run_statement
+from ..lock.validation import resolve_alias
 from . import history
 from .child import ChildExit
 from .registry import Job
@@ -43,6 +46,7 @@ EXIT_DATABASE = 3
 EXIT_LOST = 4
 
 EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot
+JITTER_TICK = 0.1  # seconds between two looks for a stop while waiting for a slot's start
 
 
 @dataclass
@@ -96,6 +100,7 @@ class Run:
         request: RunRequest | None = None,
         requested_by: str = "",
         not_before: dt.datetime | None = None,
+        jitter: bool = False,
     ) -> None:
         #: The job and its settings.
         self.job = job
@@ -111,6 +116,8 @@ class Run:
         self.request = request
         self.requested_by = requested_by[:255]
         self.not_before = not_before
+        # A cron line's start: first wait for the slot's start (its jitter), see _jitter.
+        self.jitter = jitter
         # What happened so far.
         self.lock: Lock | None = None
         self.run_id: int | None = None
@@ -240,6 +247,10 @@ class Run:
         Never re-entrant: a second run of the job in this thread (a job calling itself,
         or another async call sharing Django's sync thread) skips like any other server.
         """
+        if self.jitter:
+            stopped = self._jitter()
+            if stopped is not None:
+                return stopped
         try:
             lock = acquire_or_raise(
                 self.name,
@@ -377,6 +388,8 @@ class Run:
             retry_failed=self.job.retry_failed,
             request=self.request,
             requested_by=self.requested_by,
+            kwargs=self.job.kwargs,
+            start_of=self.job.start_of,
         )
         self.slot, self.more_due = claim.slot, claim.more
         self._say_missed(lock, claim.missed)
@@ -390,6 +403,31 @@ class Run:
         return self._skipped(
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )
+
+    def _jitter(self) -> RunResult | None:
+        """A cron line fires at the slot; the slot starts later by its jitter: wait for
+        that on the database's clock, then serve the slot as the scheduler does (from
+        ``not_before``). A line that fires after the start goes at once. A stop while
+        waiting ends the run before anything is taken: an INTERRUPTED result."""
+        schedule = self.job.schedule
+        if schedule is None or not self.job.jitter:
+            return None
+        clock = DatabaseClock(resolve_alias(self.job.using))
+        run_statement(clock.using, clock.sync)
+        slot = schedule.slot_at(clock.now())
+        start = self.job.start_of(slot)
+        if clock.seconds_until(start) <= 0:
+            return None
+        self._say(
+            f"waiting for {self.name}: slot={slot.isoformat()} starts at "
+            f"{start.isoformat(timespec='milliseconds')} (jitter)"
+        )
+        while self.pending_signal is None and (left := clock.seconds_until(start)) > 0:
+            time.sleep(min(left, JITTER_TICK))
+        if self.pending_signal is not None:
+            return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
+        self.not_before = start
+        return None
 
     def _on_time(self, lock: Lock) -> dt.datetime | None:
         """The scheduler's due slot (``not_before``), once the database's clock has

@@ -207,7 +207,8 @@ class Scheduler:
 
     def _first_due(self) -> None:
         """A job with slots unrun since its latest run is due now (its catch-up); any
-        other waits for its next slot. A job that never ran waits too."""
+        other waits for its next slot's start. A job that never ran waits too. A latest
+        slot whose start (with its jitter) is still to come is due then."""
         from django.db.models import Max
 
         from ..models import JobRun
@@ -224,10 +225,13 @@ class Scheduler:
             assert job.schedule is not None
             previous, _ = job.schedule.latest_at_or_before(now)
             last = latest.get(name)
-            if last is not None and last < previous:
+            unrun = last is None or last < previous
+            if unrun and job.start_of(previous) > now:
+                self.due[name] = job.start_of(previous)
+            elif last is not None and last < previous:
                 self.due[name] = now
             else:
-                self.due[name] = job.schedule.next_after(now)
+                self.due[name] = job.start_of(job.schedule.next_after(now))
 
     def _keep_time(self) -> None:
         """The heartbeat, and a fresh read of the database's clock now and then (during
@@ -392,13 +396,16 @@ class Scheduler:
 
     @staticmethod
     def _following(job: Job, moment: dt.datetime) -> dt.datetime | None:
-        return job.schedule.next_after(moment) if job.schedule is not None else None
+        """When the next slot after ``moment`` starts (with its jitter)."""
+        if job.schedule is None:
+            return None
+        return job.start_of(job.schedule.next_after(moment))
 
     def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime:
         """When to try again after a skip: the next slot; with ``retry_failed``, also when
         the holder's lease ends (if its server died, its run is then retried)."""
-        assert job.schedule is not None
-        following = job.schedule.next_after(now)
+        following = self._following(job, now)
+        assert following is not None
         until = result.held_until
         if job.retry_failed and until is not None and until < following:
             return max(until, now) + dt.timedelta(milliseconds=100)

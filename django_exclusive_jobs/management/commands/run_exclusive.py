@@ -16,8 +16,10 @@ from django.db import connections
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.management.base import JobCommand
 from django_exclusive_jobs.management.output import line_printer
+from django_exclusive_jobs.run.arguments import describe as describe_arguments
 from django_exclusive_jobs.run.child import ChildProgram
-from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
+from django_exclusive_jobs.run.jitter import make_jitter
+from django_exclusive_jobs.run.registry import Job, all_jobs, get_job, schedules_of
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule
 from django_exclusive_jobs.run.shutdown import stop_on_signals
@@ -94,6 +96,12 @@ class Command(JobCommand):
             help="how early a start may be and still serve the coming slot (default 30s)",
         )
         parser.add_argument(
+            "--jitter",
+            type=_duration,
+            help="start each slot up to this long after it, the same on every server "
+            "(default: the job's jitter=; 0 starts at once)",
+        )
+        parser.add_argument(
             "--retry-failed",
             action="store_true",
             help="let this start retry a slot whose run failed, was interrupted or was lost",
@@ -138,12 +146,13 @@ class Command(JobCommand):
         report = line_printer(self, logger, options["verbosity"])
         if child is not None:
             child.grace = grace
+        # A cron line fires at the slot: each run waits for the slot's start (its jitter).
         if target is not None:  # a program or a management command
-            run = Run(job, report=report, on_lost=child.on_lost if child else None)
+            run = Run(job, report=report, on_lost=child.on_lost if child else None, jitter=True)
             with stop_on_signals(child.on_signal if child is not None else run.on_signal):
                 result = run.call(target)
         else:  # catch_up="all": each missed slot in turn, as the scheduler does
-            result = call_each_due(lambda: Run(job, report=report))
+            result = call_each_due(lambda: Run(job, report=report, jitter=True))
         if result.status == RunStatus.SKIPPED:
             code = options["skipped_exit_code"]
         else:
@@ -183,6 +192,9 @@ class Command(JobCommand):
                     returncode=EXIT_USAGE,
                 )
             overrides["retry_failed"] = True
+        if options["jitter"] is not None or overrides["schedule"] is not None:
+            jitter = job.jitter if options["jitter"] is None else options["jitter"]
+            overrides["jitter"] = make_jitter(jitter, overrides["schedule"] or job.schedule)
         return overrides
 
     def _target(
@@ -212,14 +224,23 @@ class Command(JobCommand):
             self.stdout.write("No jobs are registered with @exclusive_job.")
         for job in jobs:
             schedule = job.schedule.describe() if job.schedule else "no schedule"
+            if job.jitter:
+                schedule += f" jitter {job.jitter}"
+            arguments = f"  {describe_arguments(job.kwargs)}" if job.kwargs else ""
             self.stdout.write(
                 f"{job.name}  ttl={job.ttl or 'default'}  min_hold={job.min_hold or 'default'}"
-                f"  {schedule}  {job.target}"
+                f"  {schedule}  {job.target}{arguments}"
             )
 
 
 def _unknown(name: str) -> str:
     """One line: what is wrong, the closest registered names, and how to see them all."""
+    several = schedules_of(name)
+    if several:
+        return (
+            f"Job {name!r} has several schedules, each a job of its own: run one of "
+            f"{', '.join(map(repr, several))}."
+        )
     names = [job.name for job in all_jobs()]
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
