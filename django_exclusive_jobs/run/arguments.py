@@ -33,13 +33,35 @@ def check_kwargs(
     takes_slot = "slot" in signature.parameters
     if takes_slot and "slot" in kwargs:
         raise LockConfigurationError(f"{what} must not give 'slot': each run is given its slot.")
+    fits = f"{what} {kwargs!r} do not fit {func.__qualname__}{_bare(signature)}"
+    unknown = [key for key in kwargs if not _takes(signature, key)]
+    if unknown:  # said first: a misspelt name also makes a required one missing
+        raise LockConfigurationError(f"{fits}: unknown argument {', '.join(map(repr, unknown))}.")
     try:
         signature.bind(**kwargs, **({"slot": None} if takes_slot else {}))
     except TypeError as exc:
-        raise LockConfigurationError(
-            f"{what} {kwargs!r} do not fit {func.__qualname__}{signature}: {exc}."
-        ) from None
+        raise LockConfigurationError(f"{fits}: {exc}.") from None
     return kwargs
+
+
+def _takes(signature: inspect.Signature, key: str) -> bool:
+    """Whether the function takes a keyword argument ``key``."""
+    parameter = signature.parameters.get(key)
+    if parameter is not None and parameter.kind not in (
+        parameter.POSITIONAL_ONLY,
+        parameter.VAR_POSITIONAL,
+    ):
+        return True
+    return any(each.kind == each.VAR_KEYWORD for each in signature.parameters.values())
+
+
+def _bare(signature: inspect.Signature) -> inspect.Signature:
+    """The signature without annotations: ``(period, slot=None)``."""
+    empty = inspect.Parameter.empty
+    parameters = [
+        parameter.replace(annotation=empty) for parameter in signature.parameters.values()
+    ]
+    return signature.replace(parameters=parameters, return_annotation=empty)
 
 
 def _is_json(value: dict[str, Any]) -> bool:
