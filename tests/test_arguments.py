@@ -249,3 +249,16 @@ def test_the_admin_shows_a_runs_arguments_and_each_jobs_arguments() -> None:
     )
     assert asked.status_code == 302
     assert control.pending(["summary:daily"], using="default")[0].name == "summary:daily"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_direct_call_gets_the_callers_arguments_and_records_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.testapp.jobs import digest
+
+    monkeypatch.setenv("MARKER", str(tmp_path / "marker"))
+    digest(["dev@example.com"], limit=2)
+    assert (tmp_path / "marker").read_text().split()[:3] == ["digest", "dev@example.com", "2"]
+    [run] = JobRun.objects.filter(name="digest")
+    assert (run.status, run.kwargs) == ("succeeded", {})
