@@ -28,6 +28,7 @@ from .models import (
     SchedulerState,
     running_long,
 )
+from .run.arguments import describe as describe_arguments
 from .run.registry import Job, all_jobs
 from .run.schedules import Cron, Every, Schedule
 from .run.status import RunStatus
@@ -63,6 +64,7 @@ class JobHealth:
     declared: bool
     schedule: str = ""
     timezone: str = ""
+    arguments: str = ""  # the keyword arguments its runs pass, as one line of JSON
     next_slot: dt.datetime | None = None
     first_seen: dt.datetime | None = None  # when its lock row was made on this database
     last_run: JobRun | None = None
@@ -98,6 +100,7 @@ class JobHealth:
             "declared": self.declared,
             "schedule": self.schedule,
             "timezone": self.timezone,
+            "arguments": self.arguments or None,
             "next_slot": _iso(self.next_slot),
             "first_seen": _iso(self.first_seen),
             "last_run": None
@@ -267,6 +270,7 @@ def _every_in_words(period: dt.timedelta) -> str:
 
 
 def _describe(health: JobHealth, job: Job, now: dt.datetime) -> None:
+    health.arguments = describe_arguments(job.kwargs)
     if job.schedule is None:
         health.schedule = "no schedule"
         return
@@ -355,7 +359,9 @@ def _unrun_slot(health: JobHealth, job: Job, now: dt.datetime) -> dt.datetime | 
     if job.schedule is None:
         return None
     _, interval = job.schedule.latest_at_or_before(now)
-    slot, _ = job.schedule.latest_at_or_before(now - min(LATE_AFTER, interval / 2))
+    # Its grace counts from the slot's start: up to its jitter after the slot.
+    grace = min(LATE_AFTER, interval / 2) + job.jitter
+    slot, _ = job.schedule.latest_at_or_before(now - grace)
     since = health.last_slot if health.last_slot is not None else health.first_seen
     if since is None or slot <= since:
         return None

@@ -1298,6 +1298,40 @@ def section(page: str, heading: str) -> str:
     return body[: ends[0]] if ends else body
 
 
+def test_scheduler_jitter_sample(sqlite: str) -> None:
+    """The page's jittered job: hourly, each slot starting within 10 minutes after it."""
+    import datetime as dt
+
+    load_sample("scheduler_jitter", fetch_all_feeds=lambda: None)
+    job = registry.get_job("refresh_feeds")
+    assert job is not None and job.jitter == dt.timedelta(minutes=10)
+    slots = [dt.datetime(2026, 11, 24, hour, tzinfo=dt.UTC) for hour in range(24)]
+    offsets = [job.start_of(slot) - slot for slot in slots]
+    assert all(dt.timedelta(0) <= each < dt.timedelta(minutes=10) for each in offsets)
+    assert len(set(offsets)) > 1  # "differs from hour to hour"
+
+
+def test_scheduler_several_schedules_sample(sqlite: str) -> None:
+    """One function, two jobs, each run with its own arguments; a direct call is refused."""
+    import datetime as dt
+
+    from django_exclusive_jobs.run import control
+
+    sent: list[str] = []
+    module = load_sample("scheduler_several_schedules", send_report=sent.append)
+    daily, weekly = registry.get_job("report:daily"), registry.get_job("report:weekly")
+    assert daily is not None and weekly is not None
+    assert (daily.kwargs, weekly.kwargs) == ({"period": "day"}, {"period": "week"})
+    assert weekly.schedule is not None and "Europe/Paris" in weekly.schedule.describe()
+    assert daily.ttl == weekly.ttl == "30m" and daily.jitter == dt.timedelta(minutes=5)
+    for name in ("report:daily", "report:weekly"):
+        assert control.run_now(name, by="docs", using=sqlite).status == RunStatus.SUCCEEDED
+    assert sent == ["day", "week"]
+    assert [run.kwargs for run in runs_of("report:weekly")] == [{"period": "week"}]
+    with pytest.raises(TypeError, match="several schedules"):
+        module.report("day")
+
+
 def test_scheduler_jobs_sample(sqlite: str) -> None:
     """The page's jobs: each has a schedule and the policy the page says, and runs."""
     from django.contrib.auth import get_user_model

@@ -117,6 +117,22 @@ STARTUP = {
         "quick",
         "Two jobs are named 'quick': tests.testapp.jobs.quick and tests.brokenjobs.jobs.quick.",
     ),
+    "kwargs-unknown": (
+        'kwargs={"perod"',
+        "report",
+        "kwargs {'perod': 'day'} do not fit report(period, slot=None): unknown argument 'perod'.",
+    ),
+    "kwargs-missing": (
+        'schedules={"weekly"',
+        "report",
+        "Schedule 'weekly': kwargs {} do not fit report(period, slot=None): missing a "
+        "required argument: 'period'.",
+    ),
+    "kwargs-json": (
+        'kwargs={"period": ("day"',
+        "report",
+        "kwargs {'period': ('day', 'week')} are not JSON: the run history stores them",
+    ),
 }
 
 # A bad option value or usage of each command: one line (argparse's, for what argparse

@@ -11,6 +11,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy
 
 from ..models import JobRun
+from ..run.arguments import describe as describe_arguments
 from ..run.status import RunStatus
 from .display import duration, timestamp
 
@@ -39,6 +40,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "slot_time",
         "token",
         "attempt",
+        "arguments",
     ]
     list_filter = [RunStatusFilter, ("name", admin.AllValuesFieldListFilter)]
     date_hierarchy = "started_at"
@@ -58,6 +60,7 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "token",
         "attempt",
         "retry_time",
+        "arguments",
         "returncode",
         "requested_by",
         "task_result_id",
@@ -91,6 +94,10 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description=gettext_lazy("duration"), ordering="duration")
     def duration_text(self, run: JobRun) -> str:
         return "—" if run.duration is None else duration(run.duration)
+
+    @admin.display(description=gettext_lazy("arguments"))
+    def arguments(self, run: JobRun) -> str:
+        return describe_arguments(run.kwargs) or "—"
 
     @admin.display(description=gettext_lazy("error and traceback"))
     def error_text(self, run: JobRun) -> str:

@@ -41,6 +41,7 @@ skipped, and ``catch_up`` decides them.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..lock.durations import DurationLike, parse_duration
@@ -112,6 +113,7 @@ def plan(
     current: dt.datetime | None = None,
     overlap: str = "skip",
     ran: tuple[dt.datetime, dt.datetime] | None = None,
+    start_of: Callable[[dt.datetime], dt.datetime] | None = None,
 ) -> Plan:
     """What a start at ``now`` (database time) does, given the job's latest recorded slot.
 
@@ -121,6 +123,7 @@ def plan(
     ``current``: the slot this start serves, when not ``schedule.slot_at(now)``.
     ``ran``: when the run of ``last_recorded`` started and ended, if it ran and ended by
     itself: the slots that came in between came during it, and ``overlap`` decides them.
+    ``start_of``: when a slot starts (with its jitter); a start is late from then.
     """
     if current is None:
         current = schedule.slot_at(now)
@@ -136,7 +139,9 @@ def plan(
     due.reverse()
     if paused is not None:
         due = [slot for slot in due if not paused[0] <= slot <= paused[1]]
-    during = [slot for slot in due if ran is not None and ran[0] < slot <= ran[1]]
+    start = start_of or (lambda slot: slot)
+    # Slots whose start (with its jitter) came while the previous run ran: overlap's.
+    during = [slot for slot in due if ran is not None and ran[0] < start(slot) <= ran[1]]
     buffered = {"buffer_one": 1, "cancel_other": 1, "buffer_all": catch_up.limit}.get(overlap, 0)
     cut = max(0, len(during) - buffered)
     skipped, buffered_slots = during[:cut], during[cut:]
@@ -144,7 +149,7 @@ def plan(
     window = catch_up.window
     if window is None and catch_up.policy == "skip":
         window = schedule.early_allowance(now)
-    runnable = [slot for slot in due if window is None or now - slot <= window]
+    runnable = [slot for slot in due if window is None or now - start(slot) <= window]
     if catch_up.policy == "all":
         runnable = runnable[-catch_up.limit :]
     else:

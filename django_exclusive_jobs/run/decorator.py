@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar, overload
 
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.validation import validate_name, validate_timeout, validate_timing
+from .arguments import check_kwargs
 from .catchup import make_catch_up, make_overlap
+from .jitter import make_jitter
 from .registry import Job, register
 from .retries import make_retries
 from .runner import Run, RunResult
-from .schedules import make_schedule
+from .schedules import SCHEDULE_SEPARATOR, Schedule, make_schedule, several_schedules
 from .status import RunStatus
 from .tasks import enqueuer, is_task
 
@@ -45,6 +48,9 @@ def exclusive_job(
     catch_up_window: DurationLike | None = None,
     timeout: DurationLike | None = None,
     overlap: str = "skip",
+    jitter: DurationLike | None = None,
+    kwargs: dict[str, Any] | None = None,
+    schedules: dict[str, dict[str, Any]] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -68,6 +74,9 @@ def exclusive_job(
     catch_up_window: DurationLike | None = None,
     timeout: DurationLike | None = None,
     overlap: str = "skip",
+    jitter: DurationLike | None = None,
+    kwargs: dict[str, Any] | None = None,
+    schedules: dict[str, dict[str, Any]] | None = None,
     **removed: Any,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
@@ -105,6 +114,11 @@ def exclusive_job(
     limit). The timeout stops runs started by the scheduler and by ``run_exclusive``; a
     direct call of the decorated function (in a web request, say) is never stopped.
     Durations are seconds or strings such as ``"90s"``, ``"15m"``, ``"1h"``.
+
+    ``jitter="5m"`` starts each slot up to that long after it (an offset every server
+    computes alike from the job and the slot); ``kwargs={...}`` are the (JSON) keyword
+    arguments its runs pass; ``schedules={"daily": {"cron": ..., "kwargs": {...}}, ...}``
+    declares several schedules, each a job of its own named ``NAME:daily``.
     """
     if callable(name):
         return exclusive_job()(name)
@@ -122,59 +136,109 @@ def exclusive_job(
     # Check what was passed here; the settings' defaults are the system checks' job.
     validate_timing(ttl, min_hold, use_settings=False)
     time_limit = validate_timeout(timeout)
-    schedule = make_schedule(every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance)
+    # Each schedule by its name ("" for the one of every=/cron=, or none), its arguments.
+    declared: dict[str, tuple[Schedule | None, object]]
+    if schedules is None:
+        schedule = make_schedule(
+            every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance
+        )
+        declared = {"": (schedule, {} if kwargs is None else kwargs)}
+    elif (every, cron, timezone, kwargs) != (None, None, None, None):
+        raise LockConfigurationError(
+            "With schedules=, give cron=, every=, timezone= and kwargs= in each schedule."
+        )
+    else:
+        declared = dict(several_schedules(schedules, tolerance=slot_tolerance))
+    scheduled = all(schedule is not None for schedule, _ in declared.values())
     retries, backoff = make_retries(retries, retry_backoff)
-    if retries and schedule is None:
+    if retries and not scheduled:
         raise LockConfigurationError("retries only applies with every= or cron=.")
     changed = (catch_up, catch_up_limit, catch_up_window) != ("latest", 10, None)
-    if changed and schedule is None:
+    if changed and not scheduled:
         raise LockConfigurationError("catch_up only applies with every= or cron=.")
     policy = make_catch_up(catch_up, catch_up_limit, catch_up_window)
-    if overlap != "skip" and schedule is None:
+    if overlap != "skip" and not scheduled:
         raise LockConfigurationError("overlap only applies with every= or cron=.")
     make_overlap(overlap)
+    spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
 
-    def make_job(func: Callable[..., Any], task: Any = None) -> Job:
-        """The job ``func`` runs as, named ``name`` or ``module.qualname``."""
-        job_name = validate_name(name or f"{func.__module__}.{func.__qualname__}")
-        return Job(
-            job_name,
-            func,
-            ttl,
-            min_hold,
-            wait,
-            using,
-            on_held,
-            keepalive,
-            schedule,
-            catch_up=policy,
-            task=task,
-            timeout=time_limit,
-            overlap=overlap,
-            retries=retries,
-            retry_backoff=backoff,
-        )
+    def make_jobs(func: Callable[..., Any], task: Any = None) -> list[Job]:
+        """The jobs ``func`` runs as, named ``name`` or ``module.qualname`` (plus
+        ``:schedule`` for each of several schedules), their arguments checked."""
+        base = validate_name(name or f"{func.__module__}.{func.__qualname__}")
+        jobs = []
+        for key, (schedule, arguments) in declared.items():
+            job_name = validate_name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
+            if arguments or schedule is not None:  # a job it starts itself: they must fit
+                what = f"Schedule {key!r}: kwargs" if key else "kwargs"
+                arguments = check_kwargs(task.func if task else func, arguments, what=what)
+            assert isinstance(arguments, dict)
+            jobs.append(
+                Job(
+                    job_name,
+                    func,
+                    ttl,
+                    min_hold,
+                    wait,
+                    using,
+                    on_held,
+                    keepalive,
+                    schedule,
+                    catch_up=policy,
+                    task=task,
+                    timeout=time_limit,
+                    overlap=overlap,
+                    retries=retries,
+                    retry_backoff=backoff,
+                    jitter=spread[key],
+                    kwargs=arguments,
+                )
+            )
+        return jobs
 
     def decorate(func: F) -> F:
         if is_task(func):
             return _schedule_task(func)
-        job = make_job(func)
-        register(job)
-
-        wrapper = _async_wrapper(job) if job.is_async else _sync_wrapper(job)
+        jobs = make_jobs(func)
+        for job in jobs:
+            register(job)
+        if schedules is not None:
+            return _several(func, jobs)  # type: ignore[return-value]
+        # A direct call is an ordinary call: the caller's arguments, none recorded.
+        [job] = jobs
+        direct = replace(job, kwargs={})
+        wrapper = _async_wrapper(direct) if job.is_async else _sync_wrapper(direct)
         wrapper.job = job  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     def _schedule_task(task: F) -> F:
         """A django.tasks Task: its job enqueues it; the Task itself is returned as is."""
-        if schedule is None:
+        if not scheduled:
             raise LockConfigurationError(
                 "A django.tasks Task needs every= or cron=: its job enqueues it at each slot."
             )
-        register(make_job(enqueuer(task), task=task))
+        for job in make_jobs(enqueuer(task), task=task):
+            register(job)
         return task
 
     return decorate
+
+
+def _several(func: Callable[..., Any], jobs: list[Job]) -> Callable[..., Any]:
+    """A function with several schedules: each is a job of its own (``wrapper.jobs``); a
+    direct call could not say which one's slot it serves, so it is refused."""
+    names = ", ".join(repr(job.name) for job in jobs)
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{func.__qualname__} has several schedules ({names}), so a direct call would "
+            f"not know which one it runs: run one with 'manage.py run_exclusive "
+            f"{jobs[0].name}', or call {func.__qualname__}.__wrapped__(...) without a lock."
+        )
+
+    wrapper.jobs = {job.name: job for job in jobs}  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _sync_wrapper(job: Job) -> Callable[..., Any]:

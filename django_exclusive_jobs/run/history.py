@@ -70,6 +70,8 @@ def claim(
     request: RunRequest | None = None,
     requested_by: str = "",
     not_before: dt.datetime | None = None,
+    kwargs: dict[str, Any] | None = None,
+    start_of: Callable[[dt.datetime], dt.datetime] | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -79,18 +81,21 @@ def claim(
     and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
     A slot whose newest attempt awaits a retry (``retry``) gets its next attempt once
     ``retry_at`` has come; before that the claim skips and says when (``retry_at``).
+    ``kwargs``: the arguments the run calls the job with, recorded on its row;
+    ``start_of``: when each slot starts (its jitter), from which lateness is counted.
     """
+    arguments = kwargs or {}
     close_abandoned(lock, name, retry)
     if request is not None:  # run now: paused or not, outside the schedule
-        return _take_request(lock, name, request)
+        return _take_request(lock, name, request, arguments)
     if requested_by:  # run now, here: paused or not, outside the schedule
-        return Claim(_insert(lock, name, None, requested_by=requested_by))
+        return Claim(_insert(lock, name, None, arguments, requested_by=requested_by))
     state = run_statement(lock.using, lambda: _states(lock.using).filter(name=name).first())
     if state is not None and state.paused:
         when = state.paused_at.isoformat(timespec="seconds") if state.paused_at else "?"
         return Claim(None, why=f"paused by {state.paused_by or '?'} since {when}")
     if schedule is None:
-        return Claim(_insert(lock, name, None))
+        return Claim(_insert(lock, name, None, arguments))
     if lock.acquired_at is None:
         raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
     if not_before is None:
@@ -106,7 +111,7 @@ def claim(
         lambda: runs.filter(name=name, slot__lte=current).order_by("-slot", "-attempt").first(),
     )
     if latest is not None and latest.slot == current:
-        return _again(lock, name, latest, now, retry)
+        return _again(lock, name, latest, now, retry, arguments)
     if latest is not None and latest.retry_at is not None:
         _give_up(lock, latest, current)
     quiet = None
@@ -121,9 +126,10 @@ def claim(
         current=current,
         overlap=overlap,
         ran=_ran(latest),
+        start_of=start_of,
     )
-    record_missed(lock, name, plan.missed)
-    _record_skipped(lock, name, plan.skipped, latest)
+    record_missed(lock, name, plan.missed, arguments)
+    _record_skipped(lock, name, plan.skipped, latest, arguments)
     if plan.run is None:
         late = plan.missed[-1].isoformat() if plan.missed else "?"
         policy = (catch_up or CatchUp()).policy
@@ -133,7 +139,7 @@ def claim(
         elif not plan.missed:
             why = "its slot fell in its last pause"
         return Claim(None, None, plan.missed, why=why, skipped=plan.skipped)
-    run = _insert(lock, name, plan.run)
+    run = _insert(lock, name, plan.run, arguments)
     return Claim(run, plan.run, plan.missed, plan.more, skipped=plan.skipped)
 
 
@@ -147,13 +153,19 @@ def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:
     return run.started_at, run.finished_at
 
 
-def _record_skipped(lock: Lock, name: str, slots: list[dt.datetime], during: JobRun | None) -> None:
+def _record_skipped(
+    lock: Lock,
+    name: str,
+    slots: list[dt.datetime],
+    during: JobRun | None,
+    kwargs: dict[str, Any],
+) -> None:
     """One ``skipped`` row per slot that came while ``during`` ran (its overlap policy)."""
     if not slots or during is None:
         return
     ran = during.slot.isoformat() if during.slot else "?"
     why = f"Overlap: the run of slot {ran} by {during.holder} was still running."
-    _record_slots(lock, name, slots, RunStatus.SKIPPED, why)
+    _record_slots(lock, name, slots, RunStatus.SKIPPED, why, kwargs)
 
 
 def _ours(lock: Lock) -> dict[str, Any]:
@@ -173,7 +185,7 @@ def _states(alias: str) -> Any:
     return JobState.objects.using(alias)
 
 
-def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
+def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:
     """Mark ``request`` taken by this run, unless another run took it first."""
     from ..models import RunRequest
 
@@ -184,12 +196,19 @@ def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
     )
     if not taken:
         return Claim(None, why=f"run request {request.pk} was taken by another run")
-    run = _insert(lock, name, None, requested_by=request.requested_by)
+    run = _insert(lock, name, None, kwargs, requested_by=request.requested_by)
     run_statement(lock.using, lambda: requests.update(run=run))
     return Claim(run)
 
 
-def _again(lock: Lock, name: str, latest: JobRun, now: dt.datetime, retry: Retries | None) -> Claim:
+def _again(
+    lock: Lock,
+    name: str,
+    latest: JobRun,
+    now: dt.datetime,
+    retry: Retries | None,
+    kwargs: dict[str, Any],
+) -> Claim:
     """The current slot has a run: its next attempt once its retry is due, else a skip
     (the run found tells why: succeeded, running, or its last attempt)."""
     slot = latest.slot
@@ -202,7 +221,7 @@ def _again(lock: Lock, name: str, latest: JobRun, now: dt.datetime, retry: Retri
         when = retry_at.isoformat(timespec="seconds")
         why = f"retry of slot {slot.isoformat()} at {when} (attempt {latest.attempt} ended)"
         return Claim(None, slot, why=why, retry_at=retry_at)
-    return Claim(_insert(lock, name, slot, attempt=latest.attempt + 1), slot)
+    return Claim(_insert(lock, name, slot, kwargs, attempt=latest.attempt + 1), slot)
 
 
 def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:
@@ -229,6 +248,7 @@ def _insert(
     lock: Lock,
     name: str,
     slot: dt.datetime | None,
+    kwargs: dict[str, Any],
     *,
     requested_by: str = "",
     attempt: int = 1,
@@ -238,7 +258,12 @@ def _insert(
         return run_statement(
             lock.using,
             lambda: runs.create(
-                name=name, slot=slot, attempt=attempt, requested_by=requested_by, **_ours(lock)
+                name=name,
+                slot=slot,
+                attempt=attempt,
+                requested_by=requested_by,
+                kwargs=kwargs,
+                **_ours(lock),
             ),
         )
     except IntegrityError:
@@ -249,7 +274,9 @@ def _insert(
         return found
 
 
-def record_missed(lock: Lock, name: str, slots: list[dt.datetime]) -> None:
+def record_missed(
+    lock: Lock, name: str, slots: list[dt.datetime], kwargs: dict[str, Any] | None = None
+) -> None:
     """One ``missed`` row per slot, written by the start that noticed them.
 
     Only the lock's holder writes them, so no other start records the same slots; a
@@ -259,10 +286,17 @@ def record_missed(lock: Lock, name: str, slots: list[dt.datetime]) -> None:
         return
     noticed = lock.acquired_at.isoformat(timespec="seconds") if lock.acquired_at else "?"
     why = f"No server ran this slot before {lock.holder} started the job at {noticed}."
-    _record_slots(lock, name, slots, RunStatus.MISSED, why)
+    _record_slots(lock, name, slots, RunStatus.MISSED, why, kwargs)
 
 
-def _record_slots(lock: Lock, name: str, slots: list[dt.datetime], status: str, why: str) -> None:
+def _record_slots(
+    lock: Lock,
+    name: str,
+    slots: list[dt.datetime],
+    status: str,
+    why: str,
+    kwargs: dict[str, Any] | None = None,
+) -> None:
     """Rows for slots that did not run (``missed``, ``skipped``), ignoring any that has a
     row already; written by the lock's holder."""
     from ..models import JobRun
@@ -281,6 +315,7 @@ def _record_slots(lock: Lock, name: str, slots: list[dt.datetime], status: str, 
             started_at=noticed,
             finished_at=noticed,
             error=why,
+            kwargs=kwargs or {},
         )
         for slot in slots
     ]

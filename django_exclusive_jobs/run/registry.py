@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import inspect
 import traceback
@@ -19,9 +20,10 @@ from django.utils.module_loading import module_has_submodule
 
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
+from . import jitter as jitters
 from .catchup import CatchUp
 from .retries import DEFAULT_BACKOFF, Retries
-from .schedules import Schedule
+from .schedules import SCHEDULE_SEPARATOR, Schedule
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class Job:
     task: Any = None  # a django.tasks Task this job enqueues at each slot
     timeout: DurationLike | None = None  # None: EXCLUSIVE_JOBS["TIMEOUT"]
     overlap: str = "skip"  # slots that come during a run: see catchup.py
+    # Each slot starts this much after it at most (a fixed offset per job and slot).
+    jitter: dt.timedelta = jitters.NONE
+    # The keyword arguments its runs call the function with (JSON, checked by the decorator).
+    kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the
@@ -87,9 +93,15 @@ class Job:
         """The function takes a ``slot`` argument: it is given the slot it serves."""
         return "slot" in inspect.signature(self.func).parameters
 
+    def start_of(self, slot: dt.datetime) -> dt.datetime:
+        """When ``slot`` starts: the slot, plus this job's jitter offset for it."""
+        return slot + jitters.offset(self.name, slot, self.jitter)
+
     def call(self, slot: dt.datetime | None) -> Any:
-        """Run the function as a scheduled start does: no arguments but ``slot``."""
-        kwargs = {"slot": slot} if self.wants_slot else {}
+        """Run the function as a scheduled start does: with its ``kwargs`` and ``slot``."""
+        kwargs = copy.deepcopy(self.kwargs)  # a run that changes them changes no other run
+        if self.wants_slot:
+            kwargs["slot"] = slot
         if self.is_async:
             from asgiref.sync import async_to_sync
 
@@ -117,6 +129,12 @@ def get_job(name: str) -> Job | None:
 
 def all_jobs() -> list[Job]:
     return sorted(_jobs.values(), key=lambda job: job.name)
+
+
+def schedules_of(name: str) -> list[str]:
+    """The jobs of ``name``'s several schedules (``name:daily``, ...), if it has any."""
+    prefix = name + SCHEDULE_SEPARATOR
+    return [job.name for job in all_jobs() if job.name.startswith(prefix)]
 
 
 @dataclass(frozen=True)

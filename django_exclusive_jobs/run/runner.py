@@ -22,9 +22,12 @@ from typing import TYPE_CHECKING, Any
 from .. import signals
 from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
+from ..lock.clock import DatabaseClock
 from ..lock.errors import JobLockError, LockHeld, LockLost
 from ..lock.lock import Lock
+from ..lock.retry import run_statement
 from ..lock.sql import holder_name
+from ..lock.validation import resolve_alias
 from . import history
 from .child import ChildExit
 from .registry import Job
@@ -47,6 +50,7 @@ EXIT_LOST = 4
 EXIT_TIMED_OUT = 124  # as timeout(1)
 
 EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot
+JITTER_TICK = 0.1  # seconds between two looks for a stop while waiting for a slot's start
 
 
 @dataclass
@@ -116,6 +120,7 @@ class Run:
         on_timeout: Callable[[float], None] | None = None,
         grace: float = 10.0,
         cancel_wait: float | None = None,
+        jitter: bool = False,
     ) -> None:
         #: The job and its settings.
         self.job = job
@@ -145,6 +150,8 @@ class Run:
         self.cancel_wait = cancel_wait
         self.stop_asked = False  # this start asked the holder to stop
         self.cancelled_by = ""  # who asked this run to stop (cancel_other)
+        # A cron line's start: first wait for the slot's start (its jitter), see _jitter.
+        self.jitter = jitter
         # What happened so far.
         self.lock: Lock | None = None
         self.run_id: int | None = None
@@ -379,6 +386,10 @@ class Run:
         Never re-entrant: a second run of the job in this thread (a job calling itself,
         or another async call sharing Django's sync thread) skips like any other server.
         """
+        if self.jitter:
+            stopped = self._jitter()
+            if stopped is not None:
+                return stopped
         try:
             lock = self._take(self.job.wait)
         except LockHeld as held:
@@ -593,6 +604,8 @@ class Run:
             retry=self.job.retry,
             request=self.request,
             requested_by=self.requested_by,
+            kwargs=self.job.kwargs,
+            start_of=self.job.start_of,
         )
         self.slot, self.more_due = claim.slot, claim.more
         self.retry_at = claim.retry_at
@@ -608,6 +621,31 @@ class Run:
         return self._skipped(
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )
+
+    def _jitter(self) -> RunResult | None:
+        """A cron line fires at the slot; the slot starts later by its jitter: wait for
+        that on the database's clock, then serve the slot as the scheduler does (from
+        ``not_before``). A line that fires after the start goes at once. A stop while
+        waiting ends the run before anything is taken: an INTERRUPTED result."""
+        schedule = self.job.schedule
+        if schedule is None or not self.job.jitter:
+            return None
+        clock = DatabaseClock(resolve_alias(self.job.using))
+        run_statement(clock.using, clock.sync)
+        slot = schedule.slot_at(clock.now())
+        start = self.job.start_of(slot)
+        if clock.seconds_until(start) <= 0:
+            return None
+        self._say(
+            f"waiting for {self.name}: slot={slot.isoformat()} starts at "
+            f"{start.isoformat(timespec='milliseconds')} (jitter)"
+        )
+        while self.pending_signal is None and (left := clock.seconds_until(start)) > 0:
+            time.sleep(min(left, JITTER_TICK))
+        if self.pending_signal is not None:
+            return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
+        self.not_before = start
+        return None
 
     def _on_time(self, lock: Lock) -> dt.datetime | None:
         """The scheduler's due slot (``not_before``), once the database's clock has

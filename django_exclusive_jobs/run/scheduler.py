@@ -209,7 +209,8 @@ class Scheduler:
     def _first_due(self) -> None:
         """A job with slots unrun since its latest run is due now (its catch-up); one
         whose current slot awaits a retry is due at its ``retry_at``; any other waits
-        for its next slot. A job that never ran waits too."""
+        for its next slot's start. A job that never ran waits too. A latest slot whose
+        start (with its jitter) is still to come is due then."""
         from ..models import JobRun
 
         latest = {
@@ -220,9 +221,13 @@ class Scheduler:
         for name, job in self.jobs.items():
             assert job.schedule is not None
             previous, _ = job.schedule.latest_at_or_before(now)
-            following = job.schedule.next_after(now)
+            following = job.start_of(job.schedule.next_after(now))
             last = latest.get(name)
-            if last is not None and last.slot is not None and last.slot < previous:
+            last_slot = last.slot if last is not None else None
+            unrun = last_slot is None or last_slot < previous
+            if unrun and job.start_of(previous) > now:
+                self.due[name] = job.start_of(previous)
+            elif last_slot is not None and last_slot < previous:
                 self.due[name] = now
             elif last is not None and last.retry_at is not None and job.retries:
                 self.due[name] = min(last.retry_at, following)  # claim() decides
@@ -419,15 +424,18 @@ class Scheduler:
 
     @staticmethod
     def _following(job: Job, moment: dt.datetime) -> dt.datetime | None:
-        return job.schedule.next_after(moment) if job.schedule is not None else None
+        """When the next slot after ``moment`` starts (with its jitter)."""
+        if job.schedule is None:
+            return None
+        return job.start_of(job.schedule.next_after(moment))
 
     def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime:
-        """When to try again after a skip: the next slot. With ``retries`` or a buffering
-        ``overlap``, sooner: when the slot's pending retry is due, or when the holder's
-        lease ends (its run may fail and be retried, or its server may have died: its
-        run is then lost, and retried, or the slot that came during it is run)."""
-        assert job.schedule is not None
-        following = job.schedule.next_after(now)
+        """When to try again after a skip: the next slot's start. With ``retries`` or a
+        buffering ``overlap``, sooner: when the slot's pending retry is due, or when the
+        holder's lease ends (its run may fail and be retried, or its server may have
+        died: its run is then lost, and retried, or the slot that came during it is run)."""
+        following = self._following(job, now)
+        assert following is not None
         if result.retry_at is not None:
             return min(max(result.retry_at, now), following)
         until = result.held_until

@@ -41,6 +41,10 @@ class Schedule:
         slot, interval = self.latest_at_or_before(moment)
         return slot + interval
 
+    def smallest_gap(self, moment: dt.datetime) -> dt.timedelta:
+        """The shortest time between two slots, over the next ``GAP_SLOTS`` from ``moment``."""
+        raise NotImplementedError
+
     def slots_back(self, slot: dt.datetime) -> Iterator[dt.datetime]:
         """``slot`` and the scheduled instants before it, newest first (UTC)."""
         slot = slot.astimezone(dt.UTC)  # local arithmetic would drop `fold`
@@ -77,6 +81,9 @@ class Every(Schedule):
         elapsed = moment.astimezone(dt.UTC) - EPOCH
         return EPOCH + (elapsed // self.period) * self.period, self.period
 
+    def smallest_gap(self, moment: dt.datetime) -> dt.timedelta:
+        return self.period
+
 
 # A reverse walk started soon after a change of UTC offset may find an instant that the
 # forward walk (the one that defines the slots) skips: "0 */2 * * *" on Lord Howe's 30-minute
@@ -86,6 +93,8 @@ SETTLED = dt.timedelta(hours=3)
 # One CronSim step takes a few dozen ticks; one that takes this many is going round in circles.
 MAX_TICKS = 1000
 STALL_LIMIT = dt.timedelta(days=2)
+# Enough slots to cover a year of a daily job, with both changes of UTC offset.
+GAP_SLOTS = 1000
 
 
 class _Looping(Exception):
@@ -142,6 +151,14 @@ class Cron(Schedule):
         while following <= moment:
             latest, following = following, self._slot_after(following, zone)
         return latest, following - latest
+
+    def smallest_gap(self, moment: dt.datetime) -> dt.timedelta:
+        zone = zoneinfo.ZoneInfo(self.timezone)
+        slot, smallest = self.latest_at_or_before(moment)
+        for _ in range(GAP_SLOTS):
+            following = self._slot_after(slot, zone)
+            smallest, slot = min(smallest, following - slot), following
+        return smallest
 
     def _slot_after(self, slot: dt.datetime, zone: zoneinfo.ZoneInfo) -> dt.datetime:
         """The slot after ``slot`` (UTC): CronSim's next instant. Where CronSim stalls (gives
@@ -240,3 +257,48 @@ def make_schedule(
             raise LockConfigurationError(f"Cron expression {cron!r} is not valid: {exc}.") from None
         return Cron(tolerance=tolerance_delta, expression=" ".join(fields), timezone=zone_name)
     return None
+
+
+# Between a job's name and the name of one of its several schedules: "report:daily".
+SCHEDULE_SEPARATOR = ":"
+# What one of a job's several schedules may say; the job's other settings are shared.
+SCHEDULE_KEYS = ("cron", "every", "timezone", "kwargs")
+
+
+def several_schedules(
+    schedules: object, *, tolerance: DurationLike | None = None
+) -> dict[str, tuple[Schedule, object]]:
+    """Check ``@exclusive_job(schedules={"daily": {"cron": ..., "kwargs": ...}, ...})``:
+    each schedule by its name, with its (not yet checked) keyword arguments."""
+    if not isinstance(schedules, dict) or not schedules:
+        raise LockConfigurationError(
+            "schedules must be a dict of schedule names to settings, e.g. "
+            '{"daily": {"cron": "0 6 * * *", "kwargs": {"period": "day"}}}.'
+        )
+    result: dict[str, tuple[Schedule, object]] = {}
+    for key, entry in schedules.items():
+        if not isinstance(key, str) or not key or key != key.strip() or SCHEDULE_SEPARATOR in key:
+            raise LockConfigurationError(
+                f"Schedule name {key!r} must be a non-empty string without "
+                f"{SCHEDULE_SEPARATOR!r} or white space at its ends."
+            )
+        if not isinstance(entry, dict) or set(entry) - set(SCHEDULE_KEYS):
+            unknown = sorted(set(entry) - set(SCHEDULE_KEYS)) if isinstance(entry, dict) else []
+            said = f" not {', '.join(map(repr, unknown))}" if unknown else ""
+            raise LockConfigurationError(
+                f"Schedule {key!r} must be a dict of {', '.join(SCHEDULE_KEYS)};{said}."
+            )
+        if "cron" not in entry and "every" not in entry:
+            raise LockConfigurationError(f"Schedule {key!r} needs cron= or every=.")
+        try:
+            schedule = make_schedule(
+                every=entry.get("every"),
+                cron=entry.get("cron"),
+                timezone=entry.get("timezone"),
+                tolerance=tolerance,
+            )
+        except LockConfigurationError as exc:
+            raise LockConfigurationError(f"Schedule {key!r}: {exc}") from None
+        assert schedule is not None
+        result[key] = (schedule, entry.get("kwargs", {}))
+    return result

@@ -38,14 +38,16 @@ def is_task(obj: object) -> bool:
 
 
 def enqueuer(task: Any) -> Callable[..., Enqueued]:
-    """The job's function for ``task``: enqueue it, with the slot if it takes one.
+    """The job's function for ``task``: enqueue it with the job's arguments, and the slot
+    if it takes one.
 
     The slot is passed as an ISO 8601 string: task arguments must be JSON.
     """
     wants_slot = "slot" in inspect.signature(task.func).parameters
 
-    def enqueue(slot: dt.datetime | None = None) -> Enqueued:
-        kwargs = {"slot": slot.isoformat() if slot else None} if wants_slot else {}
+    def enqueue(slot: dt.datetime | None = None, **kwargs: Any) -> Enqueued:
+        if wants_slot:
+            kwargs["slot"] = slot.isoformat() if slot else None
         result = task.enqueue(**kwargs)
         return Enqueued(str(result.id), str(result.backend))
 

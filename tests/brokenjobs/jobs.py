@@ -44,3 +44,17 @@ if FAULT == "duplicate":
     @exclusive_job("quick")  # tests.testapp.jobs declares a job of that name
     def quick() -> None:
         pass
+
+
+def report(period: str, slot: object = None) -> None:
+    pass
+
+
+if FAULT == "kwargs-unknown":
+    exclusive_job("report", cron="0 6 * * *", kwargs={"perod": "day"})(report)
+
+if FAULT == "kwargs-missing":
+    exclusive_job("report", schedules={"weekly": {"cron": "0 7 * * 1"}})(report)
+
+if FAULT == "kwargs-json":
+    exclusive_job("report", every="1d", kwargs={"period": ("day", "week")})(report)

@@ -234,3 +234,27 @@ def superseded(slot: object) -> None:
         open(first, "w").close()
         time.sleep(float(os.environ.get("LONG_SECONDS", "60")))
     mark(f"superseded {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+# --- jitter and several schedules with arguments (tests/test_jitter.py, test_arguments.py)
+
+
+@exclusive_job("jittery", every="4s", jitter="2s", ttl=5, catch_up="skip")
+def jittery(slot: object) -> None:
+    mark(f"jittery {slot.isoformat()}")  # type: ignore[attr-defined]
+
+
+@exclusive_job(
+    "summary",
+    schedules={
+        "daily": {"cron": "0 6 * * *", "kwargs": {"period": "day"}},
+        "weekly": {"cron": "0 7 * * 1", "timezone": "Europe/Paris", "kwargs": {"period": "week"}},
+    },
+)
+def summary(period: str, slot: object = None) -> None:
+    mark(f"summary {period}")
+
+
+@exclusive_job("digest", every="1h", kwargs={"recipients": ["ops@example.com"], "limit": 5})
+def digest(recipients: list[str], limit: int) -> None:
+    mark(f"digest {','.join(recipients)} {limit}")

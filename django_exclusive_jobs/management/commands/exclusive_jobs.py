@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_exclusive_jobs.health import Overview, overview
+from django_exclusive_jobs.health import JobHealth, Overview, overview
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
 from django_exclusive_jobs.management.base import JobCommand
@@ -99,7 +99,7 @@ class Command(JobCommand):
             last = job.last_run
             rows.append(
                 (
-                    job.name if job.declared else f"{job.name} (not declared any more)",
+                    _named(job),
                     job.badge,
                     f"{job.schedule} ({job.timezone})" if job.timezone else job.schedule,
                     job.next_slot.isoformat(timespec="seconds") if job.next_slot else "-",
@@ -120,3 +120,10 @@ class Command(JobCommand):
         if not jobs.schedulers_alive and jobs.last_beat is not None:
             alive = f"no scheduler alive since {jobs.last_beat.isoformat(timespec='seconds')}"
         self.stdout.write(f"{alive}; {len(jobs.problems)} problem(s)")
+
+
+def _named(job: JobHealth) -> str:
+    """The job's name, with its arguments if it has any."""
+    if not job.declared:
+        return f"{job.name} (not declared any more)"
+    return f"{job.name} {job.arguments}" if job.arguments else job.name

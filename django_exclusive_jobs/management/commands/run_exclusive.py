@@ -17,9 +17,11 @@ from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.management.base import JobCommand
 from django_exclusive_jobs.management.output import line_printer
+from django_exclusive_jobs.run.arguments import describe as describe_arguments
 from django_exclusive_jobs.run.catchup import CANCEL_WAIT, OVERLAPS
 from django_exclusive_jobs.run.child import ChildProgram
-from django_exclusive_jobs.run.registry import Job, all_jobs, get_job
+from django_exclusive_jobs.run.jitter import make_jitter
+from django_exclusive_jobs.run.registry import Job, all_jobs, get_job, schedules_of
 from django_exclusive_jobs.run.retries import make_retries
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule
@@ -105,6 +107,12 @@ class Command(JobCommand):
             help="how early a start may be and still serve the coming slot (default 30s)",
         )
         parser.add_argument(
+            "--jitter",
+            type=_duration,
+            help="start each slot up to this long after it, the same on every server "
+            "(default: the job's jitter=; 0 starts at once)",
+        )
+        parser.add_argument(
             "--retries",
             type=int,
             help="run a slot whose run did not succeed again, at most this many times, "
@@ -162,6 +170,7 @@ class Command(JobCommand):
         report = line_printer(self, logger, options["verbosity"])
         if child is not None:
             child.grace = grace
+        # A cron line fires at the slot: each run waits for the slot's start (its jitter).
         if target is not None:  # a program or a management command
             run = Run(
                 job,
@@ -171,6 +180,7 @@ class Command(JobCommand):
                 on_timeout=child.on_timeout if child else None,
                 grace=grace,
                 cancel_wait=CANCEL_WAIT,
+                jitter=True,
             )
             with stop_on_signals(child.on_signal if child is not None else run.on_signal):
                 result = run.call(target)
@@ -183,6 +193,7 @@ class Command(JobCommand):
                     supervised=True,
                     grace=grace,
                     cancel_wait=CANCEL_WAIT,
+                    jitter=due is None,  # a retry's start is its retry_at, not a jittered slot
                 )
             )
         if result.status == RunStatus.SKIPPED:
@@ -227,6 +238,9 @@ class Command(JobCommand):
                     returncode=EXIT_USAGE,
                 )
             overrides["overlap"] = options["overlap"]
+        if options["jitter"] is not None or overrides["schedule"] is not None:
+            jitter = job.jitter if options["jitter"] is None else options["jitter"]
+            overrides["jitter"] = make_jitter(jitter, overrides["schedule"] or job.schedule)
         return overrides
 
     def _retries(self, job: Job, options: dict[str, Any], *, scheduled: bool) -> dict[str, Any]:
@@ -274,14 +288,23 @@ class Command(JobCommand):
             self.stdout.write("No jobs are registered with @exclusive_job.")
         for job in jobs:
             schedule = job.schedule.describe() if job.schedule else "no schedule"
+            if job.jitter:
+                schedule += f" jitter {job.jitter}"
+            arguments = f"  {describe_arguments(job.kwargs)}" if job.kwargs else ""
             self.stdout.write(
                 f"{job.name}  ttl={job.ttl or 'default'}  min_hold={job.min_hold or 'default'}"
-                f"  {schedule}  {job.target}"
+                f"  {schedule}  {job.target}{arguments}"
             )
 
 
 def _unknown(name: str) -> str:
     """One line: what is wrong, the closest registered names, and how to see them all."""
+    several = schedules_of(name)
+    if several:
+        return (
+            f"Job {name!r} has several schedules, each a job of its own: run one of "
+            f"{', '.join(map(repr, several))}."
+        )
     names = [job.name for job in all_jobs()]
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""

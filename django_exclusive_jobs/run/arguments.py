@@ -1,0 +1,77 @@
+"""A job's arguments: the keyword arguments its runs call the function with.
+
+Declared with ``@exclusive_job(kwargs=...)`` or per schedule (``schedules=``), stored on
+each run's history row, so they must be JSON; checked against the function's signature
+when the decorator runs, so a typo is a start-up error (system check E014), not a
+failure at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ..lock.errors import LockConfigurationError
+
+
+def check_kwargs(
+    func: Callable[..., Any], kwargs: object, *, what: str = "kwargs"
+) -> dict[str, Any]:
+    """``kwargs`` if they are JSON and fit ``func`` (with ``slot`` when it takes one)."""
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise LockConfigurationError(
+            f"{what} must be a dict of argument names to values, not {kwargs!r}."
+        )
+    if not _is_json(kwargs):
+        raise LockConfigurationError(
+            f"{what} {kwargs!r} are not JSON: the run history stores them, so use only "
+            "str, int, float, bool, None, lists and dicts with str keys."
+        )
+    signature = inspect.signature(func)
+    takes_slot = "slot" in signature.parameters
+    if takes_slot and "slot" in kwargs:
+        raise LockConfigurationError(f"{what} must not give 'slot': each run is given its slot.")
+    fits = f"{what} {kwargs!r} do not fit {func.__qualname__}{_bare(signature)}"
+    unknown = [key for key in kwargs if not _takes(signature, key)]
+    if unknown:  # said first: a misspelt name also makes a required one missing
+        raise LockConfigurationError(f"{fits}: unknown argument {', '.join(map(repr, unknown))}.")
+    try:
+        signature.bind(**kwargs, **({"slot": None} if takes_slot else {}))
+    except TypeError as exc:
+        raise LockConfigurationError(f"{fits}: {exc}.") from None
+    return kwargs
+
+
+def _takes(signature: inspect.Signature, key: str) -> bool:
+    """Whether the function takes a keyword argument ``key``."""
+    parameter = signature.parameters.get(key)
+    if parameter is not None and parameter.kind not in (
+        parameter.POSITIONAL_ONLY,
+        parameter.VAR_POSITIONAL,
+    ):
+        return True
+    return any(each.kind == each.VAR_KEYWORD for each in signature.parameters.values())
+
+
+def _bare(signature: inspect.Signature) -> inspect.Signature:
+    """The signature without annotations: ``(period, slot=None)``."""
+    empty = inspect.Parameter.empty
+    parameters = [
+        parameter.replace(annotation=empty) for parameter in signature.parameters.values()
+    ]
+    return signature.replace(parameters=parameters, return_annotation=empty)
+
+
+def _is_json(value: dict[str, Any]) -> bool:
+    """Whether ``value`` comes back equal from JSON (a tuple comes back a list, NaN unequal)."""
+    try:
+        return bool(json.loads(json.dumps(value, allow_nan=False)) == value)
+    except (TypeError, ValueError):  # checked once, when the decorator runs
+        return False
+
+
+def describe(kwargs: dict[str, Any]) -> str:
+    """The arguments in one short line, as JSON ("" for none)."""
+    return json.dumps(kwargs, sort_keys=True, ensure_ascii=False) if kwargs else ""
