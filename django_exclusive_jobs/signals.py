@@ -23,10 +23,10 @@ job_skipped = Signal()
 
 # A job that started has ended (once per job_started).
 # Arguments: sender (job name), name (str), lock (the Lock), status (str, a RunStatus:
-# "succeeded", "failed", "interrupted", "lost", "timed_out" or "enqueued"), duration
-# (float seconds), exception (the exception that ended it, or None), attempt (int: 1 for
-# a slot's first run, one more for each retry) and final (bool: False when the slot will
-# be retried (retries=N); alert on a failure only when final).
+# "succeeded", "failed", "interrupted", "lost", "timed_out", "cancelled" or "enqueued"),
+# duration (float seconds), exception (the exception that ended it, or None), attempt
+# (int: 1 for a slot's first run, one more for each retry) and final (bool: False when
+# the slot will be retried (retries=N); alert on a failure only when final).
 job_finished = Signal()
 
 # A scheduled slot passed and no server ran it. Sent once per slot, by the start that

@@ -1418,6 +1418,12 @@ def test_scheduler_health_sample(sqlite: str) -> None:
     assert module.schedulers(request).status_code == 503
 
 
+def test_scheduler_overlap_sample() -> None:
+    load_sample("scheduler_overlap", pull_the_warehouse_feed=lambda: None)
+    job = registry.get_job("sync_inventory")
+    assert job is not None and job.overlap == "buffer_one"
+
+
 def test_scheduler_timeout_sample() -> None:
     load_sample("scheduler_timeout", export_everything_to_the_warehouse=lambda: None)
     job = registry.get_job("nightly_export")
