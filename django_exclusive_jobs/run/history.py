@@ -70,6 +70,7 @@ def claim(
     request: RunRequest | None = None,
     requested_by: str = "",
     not_before: dt.datetime | None = None,
+    backfill: dt.datetime | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -79,10 +80,14 @@ def claim(
     and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
     A slot whose newest attempt awaits a retry (``retry``) gets its next attempt once
     ``retry_at`` has come; before that the claim skips and says when (``retry_at``).
+    ``backfill``: a past slot to run again, asked for by ``requested_by``
+    (:func:`_backfill`), as a request with a slot is.
     """
     close_abandoned(lock, name, retry)
-    if request is not None:  # run now: paused or not, outside the schedule
+    if request is not None:  # run now or a backfill: paused or not
         return _take_request(lock, name, request)
+    if backfill is not None:  # a backfill, here: paused or not
+        return _backfill(lock, name, backfill, requested_by)
     if requested_by:  # run now, here: paused or not, outside the schedule
         return Claim(_insert(lock, name, None, requested_by=requested_by))
     state = run_statement(lock.using, lambda: _states(lock.using).filter(name=name).first())
@@ -184,9 +189,30 @@ def _take_request(lock: Lock, name: str, request: RunRequest) -> Claim:
     )
     if not taken:
         return Claim(None, why=f"run request {request.pk} was taken by another run")
-    run = _insert(lock, name, None, requested_by=request.requested_by)
+    if request.slot is not None:
+        found = _backfill(lock, name, request.slot, request.requested_by)
+        if found.run is None or not is_ours(found.run, lock):
+            return found  # the slot has succeeded meanwhile: the request is used up
+        run = found.run
+    else:
+        run = _insert(lock, name, None, requested_by=request.requested_by)
     run_statement(lock.using, lambda: requests.update(run=run))
-    return Claim(run)
+    return Claim(run, request.slot)
+
+
+def _backfill(lock: Lock, name: str, slot: dt.datetime, requested_by: str) -> Claim:
+    """A backfill of ``slot``: its next attempt (1 when it has no row, else one above its
+    newest: missed, skipped, failed...), recorded ``backfill`` with who asked; or, when
+    the slot has a run that succeeded (or enqueued its task) by now, that run: never
+    twice. Under the lock, so no other run of the job writes the slot's rows meanwhile."""
+    rows = _runs(lock.using).filter(name=name, slot=slot).order_by("-attempt")
+    found = run_statement(lock.using, lambda: list(rows))
+    done = [run for run in found if run.status in RunStatus.done()]
+    if done:
+        return Claim(done[0], slot)
+    attempt = found[0].attempt + 1 if found else 1
+    run = _insert(lock, name, slot, requested_by=requested_by, attempt=attempt, backfill=True)
+    return Claim(run, slot)
 
 
 def _again(lock: Lock, name: str, latest: JobRun, now: dt.datetime, retry: Retries | None) -> Claim:
@@ -232,14 +258,14 @@ def _insert(
     *,
     requested_by: str = "",
     attempt: int = 1,
+    backfill: bool = False,
 ) -> JobRun:
     runs = _runs(lock.using)
+    values = {"requested_by": requested_by, "backfill": backfill, **_ours(lock)}
     try:
         return run_statement(
             lock.using,
-            lambda: runs.create(
-                name=name, slot=slot, attempt=attempt, requested_by=requested_by, **_ours(lock)
-            ),
+            lambda: runs.create(name=name, slot=slot, attempt=attempt, **values),
         )
     except IntegrityError:
         # A retried insert whose first try committed, or a holder that lost its lease.
