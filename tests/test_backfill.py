@@ -6,9 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.contrib.admin.models import LogEntry
+from django.test import Client
 
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.errors import LockConfigurationError
@@ -18,7 +22,9 @@ from django_exclusive_jobs.run.registry import Job, get_job
 from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import Every, make_schedule
 
+from .conftest import clean_tables
 from .helpers import other_holder, reaped
+from .test_admin import JOBS, client_for, make_user
 from .test_command import ROOT, command_env, launch, marker, wait_for
 from .test_operate import exclusive_jobs
 
@@ -427,3 +433,135 @@ def test_a_jobs_backfill_requests_are_served_oldest_slot_first(alias: str) -> No
     other = control.request_run("quick", by="d", using=alias)
     waiting = control.pending([NAME, "quick"], using=alias)
     assert [r.pk for r in waiting] == [later[1].pk, now.pk, first.pk, later[0].pk, other.pk]
+
+
+# --- the admin's Backfill… -----------------------------------------------------------------
+
+ACT = "/admin/django_exclusive_jobs/jobstate/act/backfill/"
+
+
+@pytest.fixture
+def admin_db(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
+    """The admin's database (``default``), clean, with its users."""
+    from django.contrib.auth.models import User
+
+    with django_db_blocker.unblock():
+        clean_tables("default")
+        try:
+            yield "default"
+        finally:
+            clean_tables("default")
+            User.objects.all().delete()
+            LogEntry.objects.all().delete()
+
+
+def superuser() -> Client:
+    from django.contrib.auth.models import User
+
+    return client_for(User.objects.create_superuser("root", password="pw"))
+
+
+def test_the_backfill_page_previews_the_slots_then_asks_for_one_request_per_slot(
+    admin_db: str,
+) -> None:
+    three, two, one = (hours_ago(admin_db, n) for n in (3, 2, 1))
+    record(admin_db, two, "succeeded")
+    client = superuser()
+    form = client.get(ACT, {"job": NAME})
+    assert form.status_code == 200
+    assert 'id="backfill-slots"' not in form.content.decode()
+    assert 'id="backfill-unserved"' in form.content.decode()  # no live scheduler
+    assert 'id="backfill-warning"' not in form.content.decode()
+    rng = {"job": NAME, "start": three.isoformat(), "end": one.isoformat()}
+    preview = client.get(ACT, rng).content.decode()
+    assert preview.count("<li>") == 3
+    assert f"<li>{three:%Y-%m-%d %H:%M:%S} UTC</li>" in preview
+    assert f"<li>{two:%Y-%m-%d %H:%M:%S} UTC (succeeded)</li>" in preview
+    assert not RunRequest.objects.using(admin_db).exists()  # a preview asks for nothing
+    done = client.post(ACT, {**rng, "confirm": "yes"})
+    assert done.status_code == 302
+    waiting = list(RunRequest.objects.using(admin_db).pending().order_by("id"))
+    assert [(r.name, r.slot, r.requested_by) for r in waiting] == [
+        (NAME, three, "root (admin)"),
+        (NAME, one, "root (admin)"),
+    ]
+    [entry] = LogEntry.objects.all()
+    assert entry.object_id == str(waiting[0].pk)
+    assert entry.get_change_message() == (
+        f"Backfill of {NAME}: 2 slot(s), {three.isoformat()} .. {one.isoformat()}"
+    )
+    page = client.get(JOBS).content.decode()
+    assert f"backfill of slot {three:%Y-%m-%d %H:%M:%S} requested by root (admin) at " in page
+    cancel = client.post(
+        "/admin/django_exclusive_jobs/jobstate/act/cancel/",
+        {"job": NAME, "request": waiting[0].pk, "confirm": "yes"},
+    )
+    assert cancel.status_code == 302
+    assert [r.slot for r in RunRequest.objects.using(admin_db).pending()] == [one]
+
+
+def test_the_backfill_page_warns_when_the_job_takes_no_slot(admin_db: str) -> None:
+    one = hours_ago(admin_db, 1)
+    rng = {"job": "backfill_slotless", "start": one.isoformat(), "end": one.isoformat()}
+    page = superuser().get(ACT, rng).content.decode()
+    assert 'id="backfill-warning"' in page
+    assert "backfill_slotless does not take a slot argument" in page
+
+
+def test_a_bad_range_is_shown_on_the_page_and_asks_for_nothing(admin_db: str) -> None:
+    client = superuser()
+    rng = {"job": NAME, "start": "2000-01-01", "end": "", "confirm": "yes"}
+    page = client.post(ACT, rng)
+    assert page.status_code == 200
+    assert "has more than 1000 slots of" in page.content.decode()
+    nonsense = client.get(ACT, {"job": NAME, "start": "last night"}).content.decode()
+    assert "is not an ISO 8601 time" in nonsense
+    assert not RunRequest.objects.using(admin_db).exists()
+
+
+def test_backfill_needs_the_change_permission_and_the_csrf_token(admin_db: str) -> None:
+    one = hours_ago(admin_db, 1)
+    rng = {"job": NAME, "start": one.isoformat(), "end": one.isoformat(), "confirm": "yes"}
+    viewer = client_for(make_user("viewer", perms=("view_jobstate",)))
+    assert viewer.get(ACT, {"job": NAME}).status_code == 403
+    assert viewer.post(ACT, rng).status_code == 403
+    assert "act/backfill/" not in viewer.get(JOBS).content.decode()
+    from django.contrib.auth.models import User
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(User.objects.create_superuser("root", password="pw"))
+    assert strict.post(ACT, rng).status_code == 403
+    assert not RunRequest.objects.using(admin_db).exists()
+    assert strict.post(ACT, rng, headers={"X-CSRFToken": csrf(strict)}).status_code == 302
+    assert RunRequest.objects.using(admin_db).count() == 1
+
+
+def csrf(client: Client) -> str:
+    client.get(JOBS)
+    return client.cookies["csrftoken"].value
+
+
+@pytest.mark.slow
+def test_a_scheduler_serves_the_backfill_requests_oldest_slot_first(
+    admin_db: str, marker: Path
+) -> None:
+    from .test_scheduler import start_scheduler, stop
+
+    slots = [hours_ago(admin_db, n) for n in (4, 3, 2)]
+    client = superuser()
+    rng = {"job": NAME, "start": slots[0].isoformat(), "end": slots[-1].isoformat()}
+    assert client.post(ACT, {**rng, "confirm": "yes"}).status_code == 302
+    # A later backfill that reaches further back: its slot is served first.
+    older = hours_ago(admin_db, 5)
+    control.request_run(NAME, by="bob", using=admin_db, slot=older)
+    with reaped() as started:
+        scheduler = start_scheduler(
+            started, admin_db, "--jobs", NAME, env=command_env(marker, JOB_SECONDS="0.2")
+        )
+        wait_for(lambda: JobRun.objects.using(admin_db).finished().count() == 4, timeout=120)
+        stop(scheduler)
+    runs = list(JobRun.objects.using(admin_db).order_by("started_at"))
+    assert [run.slot for run in runs] == [older, *slots]
+    assert {(run.status, run.backfill, run.attempt) for run in runs} == {("succeeded", True, 1)}
+    assert marked(marker, NAME) == [slot.isoformat() for slot in (older, *slots)]
+    assert not RunRequest.objects.using(admin_db).pending().exists()
