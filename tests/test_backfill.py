@@ -85,8 +85,8 @@ def test_the_slots_are_those_of_the_range_without_a_successful_run_oldest_first(
     assert plan.slots == [slot[9], slot[8], slot[7], slot[4]]
     assert plan.done == {slot[10]: "succeeded", slot[6]: "enqueued", slot[5]: "succeeded"}
     assert plan.describe() == (
-        f"backfill {NAME}: 4 slot(s) to run, {slot[9].isoformat()} .. {slot[4].isoformat()}; "
-        "3 already succeeded"
+        f"backfill {NAME}: 4 slot(s) to run, {slot[9].isoformat()} .. {slot[4].isoformat()} "
+        "(3 already succeeded)"
     )
 
 
@@ -172,8 +172,8 @@ def test_dry_run_lists_the_slots_and_changes_nothing(alias: str, marker: Path) -
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        f"backfill {NAME}: 2 slot(s) to run, {two.isoformat()} .. {one.isoformat()}; "
-        "1 already succeeded",
+        f"backfill {NAME}: 2 slot(s) to run, {two.isoformat()} .. {one.isoformat()} "
+        "(1 already succeeded)",
         f"would skip {NAME} slot={three.isoformat()}: already succeeded",
         f"would run {NAME} slot={two.isoformat()}",
         f"would run {NAME} slot={one.isoformat()}",
@@ -215,8 +215,8 @@ def test_backfill_runs_exactly_the_slots_without_success_oldest_first_once_each(
     assert marked(marker, NAME) == [slot[n].isoformat() for n in (5, 4, 3, 2, 1)]
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        f"backfill {NAME}: 5 slot(s) to run, {slot[5].isoformat()} .. {slot[1].isoformat()}; "
-        "1 already succeeded"
+        f"backfill {NAME}: 5 slot(s) to run, {slot[5].isoformat()} .. {slot[1].isoformat()} "
+        "(1 already succeeded)"
     )
     assert f"acquired {NAME} token=" in lines[1] and lines[1].endswith(
         f"slot={slot[5].isoformat()}"
@@ -359,7 +359,7 @@ def test_a_held_lock_is_waited_for_then_the_backfill_stops_naming_the_slots_not_
     assert result.stderr.splitlines() == [
         f"backfill of {NAME} stopped: its lock stayed held by {holder} for over 1s (--wait); "
         f"run it again with --from {two.isoformat()}",
-        f"backfilled {NAME} 0 slot(s): none; 2 not run, {two.isoformat()} .. {one.isoformat()}",
+        f"backfilled {NAME} 0 slot(s): none (2 not run: {two.isoformat()} .. {one.isoformat()})",
     ]
     assert marked(marker, NAME) == []
     assert not JobRun.objects.using(alias).exists()
@@ -379,8 +379,8 @@ def test_sigterm_stops_the_running_slot_and_the_rest(alias: str, marker: Path) -
     assert err.splitlines()[-2:] == [
         f"backfill of {NAME} stopped by signal {int(signal.SIGTERM)}; "
         f"run it again with --from {two.isoformat()}",
-        f"backfilled {NAME} 1 slot(s): 1 interrupted; 2 not run, {two.isoformat()} .. "
-        f"{one.isoformat()}",
+        f"backfilled {NAME} 1 slot(s): 1 interrupted (2 not run: {two.isoformat()} .. "
+        f"{one.isoformat()})",
     ]
 
 

@@ -65,8 +65,8 @@ class Backfill:
         )
 
     def describe(self) -> str:
-        """``backfill nightly: 3 slot(s) to run, FIRST .. LAST; 2 already succeeded``."""
-        done = f"; {len(self.done)} already succeeded" if self.done else ""
+        """``backfill nightly: 3 slot(s) to run, FIRST .. LAST (2 already succeeded)``."""
+        done = f" ({len(self.done)} already succeeded)" if self.done else ""
         if not self.slots:
             return f"backfill {self.job.name}: no slot to run{done}"
         return (
@@ -157,7 +157,7 @@ class Done:
         said = ", ".join(f"{number} {status}" for status, number in counts.items())
         line = f"backfilled {self.backfill.job.name} {len(self.results)} slot(s): {said or 'none'}"
         if self.not_run:
-            line += f"; {len(self.not_run)} not run, {span(self.not_run)}"
+            line += f" ({len(self.not_run)} not run: {span(self.not_run)})"
         return line
 
     @property
