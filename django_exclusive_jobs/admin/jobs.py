@@ -160,6 +160,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "what_happens": what_happens("backfill", name),
             "form": form,
             "plan": plan,
+            "warning": backfill.warning(job),
             "done": sorted(plan.done.items()) if plan else [],
             "unserved": not self._served(name, using),
         }

@@ -55,14 +55,7 @@ class Backfill:
 
     @property
     def warning(self) -> str:
-        """Why a backfill of this job may be pointless: its function does not take
-        ``slot``, so each run does what a run now would. Empty when it does."""
-        if self.job.wants_slot:
-            return ""
-        return (
-            f"{self.job.name} does not take a slot argument: each backfilled run does the "
-            "same work as a run now, whatever its slot"
-        )
+        return warning(self.job)
 
     def describe(self) -> str:
         """``backfill nightly: 3 slot(s) to run, FIRST .. LAST (2 already succeeded)``."""
@@ -72,6 +65,17 @@ class Backfill:
         return (
             f"backfill {self.job.name}: {len(self.slots)} slot(s) to run, {span(self.slots)}{done}"
         )
+
+
+def warning(job: Job) -> str:
+    """Why a backfill of ``job`` may be pointless: its function does not take ``slot``,
+    so each run does what a run now would. Empty when it does."""
+    if job.wants_slot:
+        return ""
+    return (
+        f"{job.name} does not take a slot argument: each backfilled run does the same work "
+        "as a run now, whatever its slot"
+    )
 
 
 def zone_of(job: Job) -> dt.tzinfo:
