@@ -84,7 +84,7 @@ class JobHealth:
     paused_by: str = ""
     paused_at: dt.datetime | None = None
     schedulers: int | None = None  # alive schedulers serving it; None: no known one does
-    requests: list[RunRequest] = field(default_factory=list)  # run now, waiting
+    requests: list[RunRequest] = field(default_factory=list)  # run now / backfill, waiting
     badge: str = Health.OK
     problems: list[str] = field(default_factory=list)
 
@@ -124,7 +124,12 @@ class JobHealth:
             "paused": self.paused,
             "paused_by": self.paused_by,
             "requests": [
-                {"id": r.pk, "requested_by": r.requested_by, "requested_at": _iso(r.requested_at)}
+                {
+                    "id": r.pk,
+                    "requested_by": r.requested_by,
+                    "requested_at": _iso(r.requested_at),
+                    "slot": _iso(r.slot),
+                }
                 for r in self.requests
             ],
             "schedulers_alive": self.schedulers,
@@ -313,10 +318,11 @@ def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedul
         found.append((Health.MISSED, f"the slot of {_when(health.last_slot)} was not run"))
     if health.requests and job is not None and not health.served:
         first = health.requests[0]
+        what = "run now" if first.slot is None else f"backfill of slot {_when(first.slot)}"
         found.append(
             (
                 Health.UNSERVED,
-                f"run now asked by {first.requested_by} at {_when(first.requested_at)} waits, "
+                f"{what} asked by {first.requested_by} at {_when(first.requested_at)} waits, "
                 "and no live scheduler serves it",
             )
         )

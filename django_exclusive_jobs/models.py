@@ -114,7 +114,7 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
         """Annotate, from run history: ``run_started_at`` (the start of the run the lock's
         current token belongs to, while it is ``running``), ``last_run_id`` (the job's
         latest run), ``previous_status`` (the status of the run before it) and
-        ``last_slot_id`` (its run with the latest slot)."""
+        ``last_slot_id`` (the newest attempt of its latest slot: a backfill's, say)."""
         runs = JobRun.objects.filter(name=OuterRef("name"))
         latest = runs.order_by("-started_at", "-id")
         current = runs.running().filter(token=OuterRef("token"))
@@ -123,7 +123,7 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
             last_run_id=Subquery(latest.values("id")[:1]),
             previous_status=Subquery(latest.values("status")[1:2]),
             last_slot_id=Subquery(
-                runs.filter(slot__isnull=False).order_by("-slot").values("id")[:1]
+                runs.filter(slot__isnull=False).order_by("-slot", "-attempt").values("id")[:1]
             ),
         )
 

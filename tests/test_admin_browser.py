@@ -327,3 +327,47 @@ def test_on_call_engineer_cancels_a_waiting_run_and_acknowledges_a_crashed_sched
         assert page.locator("#scheduler-problems").count() == 0
     finally:
         context.close()
+
+
+def test_on_call_engineer_previews_and_asks_for_a_backfill(browser: Any, live_server: Any) -> None:
+    import datetime as dt
+
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.models import JobRun, RunRequest
+    from django_exclusive_jobs.run.schedules import Every
+
+    User.objects.create_superuser("oncall", password="correct horse")
+    hour = dt.timedelta(hours=1)
+    three, two, one = (
+        Every(period=hour).slot_at(database_now("default")) - n * hour for n in (3, 2, 1)
+    )
+    JobRun.objects.create(name="backfill_slotless", slot=two, status="succeeded", started_at=two)
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live_server.url)
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        row = page.locator("#jobs tr[data-job=backfill_slotless]")
+        row.locator("a.button", has_text="Backfill").click()
+        warning = page.locator("#backfill-warning")
+        assert warning.is_visible()
+        assert "does not take a slot argument" in warning.inner_text()
+        assert page.locator("#backfill-unserved").is_visible()
+        page.fill("#id_start", three.strftime("%Y-%m-%dT%H:%M"))  # no zone: the job's (UTC)
+        page.fill("#id_end", one.strftime("%Y-%m-%dT%H:%M"))
+        page.click("#preview")
+        slots = page.locator("#backfill-slots li").all_inner_texts()
+        assert slots == [f"{slot:%Y-%m-%d %H:%M:%S} UTC" for slot in (three, one)]
+        assert page.locator("#backfill-done li").all_inner_texts() == [
+            f"{two:%Y-%m-%d %H:%M:%S} UTC (succeeded)"
+        ]
+        assert page.locator("#backfill-warning").is_visible()  # still there at the button
+        shot(page, "admin-backfill-confirmation")
+        page.click("#confirm")
+        assert "Asked for a backfill of 2 slots" in page.locator(".messagelist").inner_text()
+        waiting = page.locator("#jobs tr[data-job=backfill_slotless] .exclusive-jobs-request")
+        assert waiting.count() == 2
+        assert waiting.first.inner_text().startswith(f"backfill of slot {three:%Y-%m-%d %H:%M:%S}")
+        assert [r.slot for r in RunRequest.objects.order_by("id")] == [three, one]
+    finally:
+        context.close()

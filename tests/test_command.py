@@ -387,6 +387,8 @@ def test_list_shows_registered_jobs() -> None:
     names = [line.split()[0] for line in result.stdout.splitlines()]
     assert names == [
         "async_quick",
+        "backfill_hourly",
+        "backfill_slotless",
         "broken",
         "crash",
         "digest",

@@ -30,6 +30,7 @@ The Sphinx build itself (warnings are errors) runs in CI through scripts/docs.sh
 from __future__ import annotations
 
 import ast
+import contextlib
 import datetime as dt
 import importlib.util
 import json
@@ -1546,7 +1547,10 @@ def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
     assert codes == ["0", "1", "2", "3", "4"]
     reference = section("reference/commands.md", "## `exclusive_jobs`")
     assert re.findall(r"^\| (\d+) \|", reference, re.MULTILINE) == codes
-    options = long_options("exclusive_jobs", {"json", "check", "database", "by"})
+    options = long_options(
+        "exclusive_jobs",
+        {"json", "check", "database", "by", "start", "end", "dry_run", "wait", "yes"},
+    )
     assert set(re.findall(r"^\| `(--[a-z-]+)", reference, re.MULTILINE)) == options
     actions = {
         choice
@@ -1651,6 +1655,53 @@ def test_exclusive_jobs_prints_the_documented_lines(sqlite: str) -> None:
     [example] = [body for _info, body in fenced_blocks(operations) if body.startswith("JOB ")]
     assert run()[1][0].split() == example.splitlines()[0].split()
     long.release()
+
+
+def test_exclusive_jobs_backfill_prints_the_documented_lines(
+    sqlite: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every line a backfill prints (its dry run, its runs, a held lock, a job without
+    ``slot``) is one commands.md documents, as are the lines operations.md shows."""
+    from django_exclusive_jobs.lock.clock import database_now
+
+    current = make_schedule(every="1h").slot_at(database_now(sqlite))  # type: ignore[union-attr]
+    three, one = current - 3 * dt.timedelta(hours=1), current - dt.timedelta(hours=1)
+    JobRun.objects.using(sqlite).create(
+        name="backfill_hourly", slot=three, status="succeeded", started_at=three
+    )
+
+    def run(name: str, *args: str) -> list[str]:
+        out, err = StringIO(), StringIO()
+        span = ["--from", three.isoformat(), "--to", one.isoformat()]
+        with contextlib.suppress(SystemExit):
+            call_command("exclusive_jobs", "backfill", name, *span, *args, stdout=out, stderr=err)
+        return out.getvalue().splitlines() + err.getvalue().splitlines()
+
+    lines = run("backfill_hourly", "--dry-run") + run("backfill_slotless", "--dry-run")
+    held = hold_in_other_thread("backfill_hourly")
+    try:
+        lines += run("backfill_hourly", "--wait", "0")
+    finally:
+        held.release()
+    lines += run("backfill_hourly")
+    # Its warnings went to the log (pytest's handler), not to the command's output.
+    lines += [r.getMessage() for r in caplog.records if r.name == "django_exclusive_jobs"]
+    counts = re.compile(r"(?<=slot\(s\): )(none|\d+ [a-z ]+(, \d+ [a-z ]+)*)")
+    shown = [counts.sub("COUNTS", line) for line in lines]
+    documented = documented_block("reference/commands.md", "backfill NAME:")
+    runs = documented_block("reference/commands.md", "acquired NAME")
+    patterns = [output_pattern(line) for line in documented + runs]
+    for line in shown:
+        assert any(p.fullmatch(line) for p in patterns), f"undocumented output: {line!r}"
+    said = {
+        doc for doc, p in zip(documented, patterns, strict=False) if any(map(p.fullmatch, shown))
+    }
+    stop = "backfill of NAME stopped by signal N; run it again with --from SLOT"
+    assert set(documented) - said == {stop}  # that one: tests/test_backfill.py
+    operations = (DOCS / "operations.md").read_text()
+    [sample] = [body for _info, body in fenced_blocks(operations) if body.startswith("backfill ")]
+    for line in sample.splitlines():
+        assert any(p.fullmatch(counts.sub("COUNTS", line)) for p in patterns), line
 
 
 def test_paused_skip_line_is_the_documented_one(sqlite: str, capsys: Any) -> None:

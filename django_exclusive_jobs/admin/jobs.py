@@ -1,5 +1,5 @@
-"""The admin's jobs page (every job, its health; pause / resume / run now, cancel a
-waiting run) and the schedulers (alive / stopped / gone; acknowledge the gone).
+"""The admin's jobs page (every job, its health; pause / resume / run now / backfill,
+cancel a waiting run) and the schedulers (alive / stopped / gone; acknowledge the gone).
 
 Viewing needs the view permission on "job"; pausing, resuming, asking for a run and
 cancelling one need the change permission. Every action is a POST with CSRF, after a
@@ -24,8 +24,9 @@ from django.utils.translation import gettext_lazy, ngettext
 from ..health import Health, overview
 from ..lock.validation import resolve_alias
 from ..models import JobState, RunRequest, Scheduler, SchedulerQuerySet, SchedulerState
-from ..run import control
+from ..run import backfill, control
 from ..run.registry import get_job
+from .backfill import BackfillForm
 from .display import moment, timestamp
 
 ACTIONS = {
@@ -33,6 +34,7 @@ ACTIONS = {
     "resume": gettext_lazy("Resume"),
     "run": gettext_lazy("Run now"),
     "cancel": gettext_lazy("Cancel the waiting run"),
+    "backfill": gettext_lazy("Backfill"),
 }
 
 
@@ -54,6 +56,13 @@ def what_happens(action: str, name: str, request: RunRequest | None = None) -> s
             "The run of %(name)s asked for by %(who)s at %(when)s will not start. If a "
             "scheduler has taken it already, it runs and is not stopped."
         ) % {"name": name, "who": request.requested_by, "when": moment(request.requested_at)}
+    if action == "backfill":
+        return _(
+            "Each slot of %(name)s in the range that has no run that succeeded (missed, "
+            "skipped, failed...) will run once, oldest first, one at a time, on the "
+            "schedulers that serve it, under its lock, recorded as backfilled and asked "
+            "for by you. A slot that succeeds meanwhile is not run again."
+        ) % {"name": name}
     return _(
         "%(name)s will run once, outside its schedule, on the next scheduler that looks "
         "(within seconds), under its lock, recorded as a manual run asked for by you. "
@@ -112,6 +121,8 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if waiting is None:
                 messages.info(request, _("That run request no longer waits."))
                 return self._back()
+        if action == "backfill":
+            return self._backfill(request, name, data)
         if request.method == "POST" and data.get("confirm") == "yes":
             self._do(request, action, name, waiting)
             return self._back()
@@ -128,6 +139,61 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(
             request, "admin/django_exclusive_jobs/jobstate/confirm.html", context
         )
+
+    def _backfill(self, request: HttpRequest, name: str, data: Any) -> HttpResponse:
+        """GET: the form, and with a range the slots it would run; POST: ask for them."""
+        job = get_job(name)
+        assert job is not None
+        using = self._using()
+        form = BackfillForm(job, using, data if "start" in data else None)
+        plan = form.plan if form.is_valid() else None
+        if request.method == "POST" and data.get("confirm") == "yes" and plan is not None:
+            self._ask_backfill(request, plan, using)
+            return self._back()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Backfill %(name)s") % {"name": name},
+            "opts": self.model._meta,
+            "job": name,
+            "action": "backfill",
+            "action_label": ACTIONS["backfill"],
+            "what_happens": what_happens("backfill", name),
+            "form": form,
+            "plan": plan,
+            "warning": backfill.warning(job),
+            "done": sorted(plan.done.items()) if plan else [],
+            "unserved": not self._served(name, using),
+        }
+        return TemplateResponse(
+            request, "admin/django_exclusive_jobs/jobstate/backfill.html", context
+        )
+
+    def _ask_backfill(self, request: HttpRequest, plan: backfill.Backfill, using: str) -> None:
+        name = plan.job.name
+        if not plan.slots:
+            messages.info(request, _("%(name)s has no slot to backfill there.") % {"name": name})
+            return
+        who = f"{request.user.get_username()} (admin)"
+        made = backfill.request_slots(plan, by=who, using=using)
+        line = f"Backfill of {name}: {len(made)} slot(s), {backfill.span(plan.slots)}"
+        self.log_addition(request, made[0], line)
+        said = ngettext(
+            "Asked for a backfill of %(n)d slot of %(name)s: the schedulers will run it.",
+            "Asked for a backfill of %(n)d slots of %(name)s: the schedulers will run them, "
+            "oldest first.",
+            len(made),
+        )
+        messages.success(request, said % {"n": len(made), "name": name})
+        if not self._served(name, using):
+            alone = _(
+                "No live scheduler serves %(name)s: the requests wait for one. To run them "
+                "now, run 'manage.py exclusive_jobs backfill %(name)s --from ...' on a server."
+            )
+            messages.warning(request, alone % {"name": name})
+
+    @staticmethod
+    def _served(name: str, using: str) -> bool:
+        return any(row.serves(name) for row in Scheduler.objects.using(using).alive())
 
     def _waiting(self, name: str, request_id: str) -> RunRequest | None:
         requests = RunRequest.objects.using(self._using()).pending().runs().filter(name=name)
@@ -153,7 +219,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             control.request_run(name, by=who, using=using)
             asked = _("Asked for a run of %(name)s: a scheduler will start it.")
             messages.success(request, asked % {"name": name})
-            if not any(row.serves(name) for row in Scheduler.objects.using(using).alive()):
+            if not self._served(name, using):
                 alone = _(
                     "No live scheduler serves %(name)s: the request waits for one. To run it "
                     "now, run 'manage.py exclusive_jobs run %(name)s' on a server."

@@ -88,6 +88,22 @@ class OneLineErrors(CommandParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def moment_option(option: str) -> Callable[[str], dt.datetime]:
+    """argparse ``type=`` of ``option``: an ISO 8601 date or time, with or without a zone
+    (the caller says which zone a time without one is in)."""
+
+    def parse(value: str) -> dt.datetime:
+        try:
+            return dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{option} must be an ISO 8601 time such as 2026-11-24T02:00 or "
+                f"2026-11-24T02:00+01:00, got {value!r}."
+            ) from None
+
+    return parse
+
+
 def duration_option(option: str) -> Callable[[str], dt.timedelta]:
     """argparse ``type=`` of ``option``: a duration that is not negative."""
 

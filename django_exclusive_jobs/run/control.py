@@ -5,7 +5,8 @@ Pausing is a row in the database (``JobState``), so every server honours it: a s
 of a paused job takes the lock, sees the pause, and skips (exit 0). Slots that pass
 while a job is paused are neither run nor counted as missed.
 
-A run asked for now is a ``RunRequest`` row. The command runs it at once, here; one
+A run asked for now is a ``RunRequest`` row; so is each slot of a backfill asked for in
+the admin (its ``slot`` set). The command runs it at once, here; one
 asked for in the admin is run by the next scheduler that polls (within seconds). The
 run takes the job's lock like any other and marks the request taken in the same
 decision, so two clicks give two runs and two schedulers never run one request twice.
@@ -20,6 +21,7 @@ query), a ``run_exclusive`` every :data:`STOP_POLL` seconds.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -53,14 +55,15 @@ def resume(name: str, *, by: str, using: str) -> None:
     )
 
 
-def request_run(name: str, *, by: str, using: str) -> RunRequest:
-    """Ask for one run of ``name`` outside its schedule (a scheduler will run it)."""
+def request_run(name: str, *, by: str, using: str, slot: dt.datetime | None = None) -> RunRequest:
+    """Ask for one run of ``name`` outside its schedule (a scheduler will run it); with
+    ``slot``, a backfill of that past slot (see ``run/backfill.py``)."""
     from ..models import RunRequest
 
     return run_statement(
         using,
         lambda: RunRequest.objects.using(using).create(
-            name=name, requested_by=by[:255], requested_at=DatabaseNow()
+            name=name, requested_by=by[:255], requested_at=DatabaseNow(), slot=slot
         ),
     )
 
@@ -112,11 +115,24 @@ def close_stops(name: str, *, below: int, using: str) -> None:
 
 
 def pending(names: list[str], *, using: str) -> list[RunRequest]:
-    """Requests for these jobs that wait, runs and stops, oldest first (one query)."""
+    """Requests for these jobs that wait, runs and stops, in the order they are served
+    (one query): as asked, but a job's backfill requests oldest slot first, wherever they
+    stand (a backfill asked for later may reach further back)."""
     from ..models import RunRequest
 
     waiting = RunRequest.objects.using(using).pending().filter(name__in=names).order_by("id")
-    return run_statement(using, lambda: list(waiting))
+    requests = run_statement(using, lambda: list(waiting))
+    backfills: dict[str, list[RunRequest]] = {}
+    for request in requests:
+        if request.slot is not None:
+            backfills.setdefault(request.name, []).append(request)
+    turns = {name: iter(sorted(slots, key=_slot)) for name, slots in backfills.items()}
+    return [next(turns[r.name]) if r.slot is not None else r for r in requests]
+
+
+def _slot(request: RunRequest) -> dt.datetime:
+    assert request.slot is not None
+    return request.slot
 
 
 def cancel(request_id: int, *, by: str, using: str) -> bool:

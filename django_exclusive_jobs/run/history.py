@@ -72,6 +72,7 @@ def claim(
     not_before: dt.datetime | None = None,
     kwargs: dict[str, Any] | None = None,
     start_of: Callable[[dt.datetime], dt.datetime] | None = None,
+    backfill: dt.datetime | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -83,11 +84,15 @@ def claim(
     ``retry_at`` has come; before that the claim skips and says when (``retry_at``).
     ``kwargs``: the arguments the run calls the job with, recorded on its row;
     ``start_of``: when each slot starts (its jitter), from which lateness is counted.
+    ``backfill``: a past slot to run again, asked for by ``requested_by``
+    (:func:`_backfill`), as a request with a slot is.
     """
     arguments = kwargs or {}
     close_abandoned(lock, name, retry)
-    if request is not None:  # run now: paused or not, outside the schedule
+    if request is not None:  # run now or a backfill: paused or not
         return _take_request(lock, name, request, arguments)
+    if backfill is not None:  # a backfill, here: paused or not
+        return _backfill(lock, name, backfill, requested_by, arguments)
     if requested_by:  # run now, here: paused or not, outside the schedule
         return Claim(_insert(lock, name, None, arguments, requested_by=requested_by))
     state = run_statement(lock.using, lambda: _states(lock.using).filter(name=name).first())
@@ -196,9 +201,34 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
     )
     if not taken:
         return Claim(None, why=f"run request {request.pk} was taken by another run")
-    run = _insert(lock, name, None, kwargs, requested_by=request.requested_by)
+    if request.slot is not None:
+        found = _backfill(lock, name, request.slot, request.requested_by, kwargs)
+        if found.run is None or not is_ours(found.run, lock):
+            return found  # the slot has succeeded meanwhile: the request is used up
+        run = found.run
+    else:
+        run = _insert(lock, name, None, kwargs, requested_by=request.requested_by)
     run_statement(lock.using, lambda: requests.update(run=run))
-    return Claim(run)
+    return Claim(run, request.slot)
+
+
+def _backfill(
+    lock: Lock, name: str, slot: dt.datetime, requested_by: str, kwargs: dict[str, Any]
+) -> Claim:
+    """A backfill of ``slot``: its next attempt (1 when it has no row, else one above its
+    newest: missed, skipped, failed...), recorded ``backfill`` with who asked; or, when
+    the slot has a run that succeeded (or enqueued its task) by now, that run: never
+    twice. Under the lock, so no other run of the job writes the slot's rows meanwhile."""
+    rows = _runs(lock.using).filter(name=name, slot=slot).order_by("-attempt")
+    found = run_statement(lock.using, lambda: list(rows))
+    done = [run for run in found if run.status in RunStatus.done()]
+    if done:
+        return Claim(done[0], slot)
+    attempt = found[0].attempt + 1 if found else 1
+    run = _insert(
+        lock, name, slot, kwargs, requested_by=requested_by, attempt=attempt, backfill=True
+    )
+    return Claim(run, slot)
 
 
 def _again(
@@ -252,19 +282,14 @@ def _insert(
     *,
     requested_by: str = "",
     attempt: int = 1,
+    backfill: bool = False,
 ) -> JobRun:
     runs = _runs(lock.using)
+    values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
     try:
         return run_statement(
             lock.using,
-            lambda: runs.create(
-                name=name,
-                slot=slot,
-                attempt=attempt,
-                requested_by=requested_by,
-                kwargs=kwargs,
-                **_ours(lock),
-            ),
+            lambda: runs.create(name=name, slot=slot, attempt=attempt, **values),
         )
     except IntegrityError:
         # A retried insert whose first try committed, or a holder that lost its lease.

@@ -115,6 +115,7 @@ class Run:
         on_lost: Callable[[Lock], None] | None = None,
         request: RunRequest | None = None,
         requested_by: str = "",
+        backfill: dt.datetime | None = None,
         not_before: dt.datetime | None = None,
         supervised: bool = False,
         on_timeout: Callable[[float], None] | None = None,
@@ -130,11 +131,13 @@ class Run:
         # Called (from keep-alive's thread) when the lock is found lost mid-run.
         self.on_lost = on_lost
         # Why it runs: its schedule (default), a run asked for now (``request``: from the
-        # admin, served by a scheduler; ``requested_by``: started here), and for the
-        # scheduler's starts, the due slot: never served before its time on the
-        # database's clock.
+        # admin, served by a scheduler; ``requested_by``: started here), a backfill of a
+        # past slot (``backfill`` with ``requested_by``, or a ``request`` with a slot),
+        # and for the scheduler's starts, the due slot: never served before its time on
+        # the database's clock.
         self.request = request
         self.requested_by = requested_by[:255]
+        self.backfill = backfill
         self.not_before = not_before
         # A command's run (``supervised``; a direct call of the decorated function, in a
         # web request, is not) is stopped by :meth:`call` at the job's timeout, and when a
@@ -178,11 +181,18 @@ class Run:
         return self.job.schedule.slot_at(acquired) if acquired is not None else None
 
     @property
+    def backfilled(self) -> bool:
+        """It serves a past slot a backfill asked for, not its schedule's."""
+        return self.backfill is not None or (
+            self.request is not None and self.request.slot is not None
+        )
+
+    @property
     def overran(self) -> bool:
         """This run of a job with ``overlap="buffer_one"`` or ``"buffer_all"`` ended after
         its schedule's next slot: that slot is to run now, after it."""
         job, lock, result = self.job, self.lock, self._finished
-        if job.overlap == "skip" or job.schedule is None or self.slot is None:
+        if job.overlap == "skip" or job.schedule is None or self.slot is None or self.backfilled:
             return False
         if lock is None or lock.acquired_at is None or result is None:
             return False
@@ -606,6 +616,7 @@ class Run:
             requested_by=self.requested_by,
             kwargs=self.job.kwargs,
             start_of=self.job.start_of,
+            backfill=self.backfill,
         )
         self.slot, self.more_due = claim.slot, claim.more
         self.retry_at = claim.retry_at
@@ -718,7 +729,8 @@ class Run:
             exc = result.exception
             message = getattr(exc, "message", None) or exc
             detail += f" error={history.error_type(exc)}: {message}"
-        if self.slot is not None and self.job.retries:  # "attempt 1 of 3 failed; retry at T"
+        if self.slot is not None and self.job.retries and not self.backfilled:
+            # "attempt 1 of 3 failed; retry at T" (a backfill's attempts are not counted)
             ended = self.job.retry.describe(result.attempt, result.status.value, result.retry_at)
             detail += f" ({ended})"
         self._say(

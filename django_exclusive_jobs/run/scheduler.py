@@ -308,7 +308,10 @@ class Scheduler:
         return bool(self.on_request) and not self.outage.ongoing
 
     def _start_requested(self) -> None:
-        """Every few seconds, one query for runs asked for now; start those it can."""
+        """Every few seconds, one query for runs asked for now and backfilled slots
+        (``control.pending``: a job's slots oldest first); start those it can, one per
+        job at a time. A request with a slot runs as a backfill of that slot, or is used
+        up without a run if the slot has succeeded meanwhile (``history.claim``)."""
         if self.stopping or not self._polls_requests or time.monotonic() < self.next_poll:
             return
         self.next_poll = time.monotonic() + REQUEST_POLL
@@ -462,6 +465,10 @@ class Scheduler:
             active.run.end_child(active.process, outcome)
         finally:  # even if a job_finished receiver raised
             self._keep_unwritten(active.run)
+            if active.run.request is not None:
+                # The job's next waiting request (a backfill's next slot) starts at once,
+                # not at the next poll.
+                self.next_poll = 0.0
             if active.run.retry_at is not None:
                 # The slot's next attempt: here too, whichever server comes first.
                 self._next(active.job, active.run.request, active.run.retry_at)

@@ -46,6 +46,12 @@ class RunStatus(models.TextChoices):
         return [cls.FAILED, cls.TIMED_OUT, cls.LOST]
 
     @classmethod
+    def done(cls) -> list[str]:
+        """The ends that leave nothing to run for a slot: succeeded, enqueued (a backfill
+        runs every other slot again)."""
+        return [cls.SUCCEEDED, cls.ENQUEUED]
+
+    @classmethod
     def unsuccessful(cls) -> list[str]:
         """The ends a slot may be retried after (``retries=``): failed, timed out,
         interrupted, lost."""

@@ -258,3 +258,23 @@ def summary(period: str, slot: object = None) -> None:
 @exclusive_job("digest", every="1h", kwargs={"recipients": ["ops@example.com"], "limit": 5})
 def digest(recipients: list[str], limit: int) -> None:
     mark(f"digest {','.join(recipients)} {limit}")
+
+
+# --- backfills (tests/test_backfill.py) -------------------------------------------------
+
+
+@exclusive_job("backfill_hourly", every="1h", ttl=5)
+def backfill_hourly(slot: object) -> None:
+    """Marks the slot it serves; fails for the slots in FAIL_SLOTS (ISO, comma-separated),
+    and lasts JOB_SECONDS (0)."""
+    when = slot.isoformat()  # type: ignore[attr-defined]
+    mark(f"backfill_hourly {when}")
+    time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
+    if when in os.environ.get("FAIL_SLOTS", "").split(","):
+        raise RuntimeError(f"slot {when} fails")
+
+
+@exclusive_job("backfill_slotless", every="1h")
+def backfill_slotless() -> None:
+    """Takes no slot: each backfilled run does what a run now does."""
+    mark("backfill_slotless")

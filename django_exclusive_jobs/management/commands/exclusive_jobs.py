@@ -1,4 +1,5 @@
-"""``manage.py exclusive_jobs [--json | --check] | pause NAME | resume NAME | run NAME``."""
+"""``manage.py exclusive_jobs [--json | --check] | pause NAME | resume NAME | run NAME |
+backfill NAME --from T``."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from django.core.management.base import CommandError, CommandParser
 from django_exclusive_jobs.health import JobHealth, Overview, overview
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
-from django_exclusive_jobs.management.base import JobCommand
+from django_exclusive_jobs.management.base import JobCommand, duration_option, moment_option
 from django_exclusive_jobs.management.output import line_printer
-from django_exclusive_jobs.run import control
+from django_exclusive_jobs.run import backfill, control
 from django_exclusive_jobs.run.registry import get_job
 
 EPILOG = """\
@@ -24,11 +25,16 @@ With no action: every job, its schedule, last run and health, as a table (or --j
 --check prints one line per problem and exits 1 if there is any (for monitors and probes).
 pause / resume NAME: persisted; a paused job's starts skip (exit 0) until resumed.
 run NAME: run the job once now, here, under its lock (recorded as a manual run).
+backfill NAME --from T [--to T]: run here, oldest first, each slot of the job from T to
+T (default now) that has no run that succeeded, once across all servers; --dry-run only
+lists them. A time without a zone is in the job's cron time zone, else TIME_ZONE. A job
+whose function takes no slot argument needs --yes (each run would do the same work).
 
 exit codes: 0 all well (or done); 1 --check found problems, or run NAME failed or its
-lock is held; 2 usage or configuration error (unknown job, migrations not applied);
-3 the database cannot be reached; run NAME also exits as run_exclusive does: 4 the lock
-was lost, 128+N stopped by signal N.
+lock is held, or a backfilled slot did not succeed or was not run (its lock stayed held
+past --wait); 2 usage or configuration error (unknown job, a bad range, migrations not
+applied); 3 the database cannot be reached; run NAME also exits as run_exclusive does:
+4 the lock was lost, 128+N stopped by signal N (backfill too).
 """
 
 
@@ -37,19 +43,49 @@ logger = logging.getLogger("django_exclusive_jobs")
 
 class Command(JobCommand):
     epilog = EPILOG
-    help = "List jobs and their health; pause, resume or run one now."
+    help = "List jobs and their health; pause, resume, run one now or backfill its slots."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "action", nargs="?", choices=["list", "pause", "resume", "run"], default="list"
+            "action",
+            nargs="?",
+            choices=["list", "pause", "resume", "run", "backfill"],
+            default="list",
         )
-        parser.add_argument("name", nargs="?", help="the job, with pause, resume and run")
+        parser.add_argument("name", nargs="?", help="the job, with pause, resume, run, backfill")
         parser.add_argument("--json", action="store_true", help="the list as JSON")
         parser.add_argument(
             "--check", action="store_true", help="one line per problem; exit 1 if any"
         )
         parser.add_argument("--database", help="database alias of the lock table")
         parser.add_argument("--by", help="who asks (default: user@host of this shell)")
+        parser.add_argument(
+            "--from",
+            dest="start",
+            type=moment_option("--from"),
+            help="backfill: the oldest slot, ISO 8601; without a zone, in the job's cron time "
+            "zone, else TIME_ZONE",
+        )
+        parser.add_argument(
+            "--to",
+            dest="end",
+            type=moment_option("--to"),
+            help="backfill: the newest slot, as --from (default: now)",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="backfill: list the slots; run nothing"
+        )
+        parser.add_argument(
+            "--wait",
+            type=duration_option("--wait"),
+            help="backfill: how long to wait for the job's lock while another run of it "
+            "goes on, before stopping (default: the job's ttl)",
+        )
+        parser.add_argument(
+            "--yes",
+            action="store_true",
+            help="backfill: go on although the job's function takes no slot argument",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = resolve_alias(options["database"])
@@ -67,7 +103,13 @@ class Command(JobCommand):
                 f"Unknown job {name!r}: 'manage.py exclusive_jobs' lists the jobs.", returncode=2
             )
         who = options["by"] or f"{getpass.getuser()}@{socket.gethostname()}"
-        if action == "pause":
+        if action == "backfill":
+            self._backfill(name, who, using, options)
+        elif options["start"] or options["end"] or options["dry_run"] or options["yes"]:
+            raise CommandError("--from, --to, --dry-run and --yes go with backfill.", returncode=2)
+        elif options["wait"] is not None:
+            raise CommandError("--wait goes with backfill.", returncode=2)
+        elif action == "pause":
             control.pause(name, by=who, using=using)
             self.stdout.write(f"paused {name}: its starts skip until it is resumed")
         elif action == "resume":
@@ -78,6 +120,35 @@ class Command(JobCommand):
             result = control.run_now(name, by=who, using=using, report=report)
             if result.exit_code or result.status == "skipped":
                 sys.exit(result.exit_code or 1)
+
+    def _backfill(self, name: str, who: str, using: str, options: dict[str, Any]) -> None:
+        job = get_job(name)
+        assert job is not None
+        if options["start"] is None:
+            raise CommandError("backfill needs --from: the oldest slot to run.", returncode=2)
+        plan = backfill.plan(job, options["start"], options["end"], using=using)
+        if plan.warning:
+            self.stderr.write(f"warning: {plan.warning}")
+        if options["dry_run"]:
+            self.stdout.write(plan.describe())
+            for slot in sorted([*plan.slots, *plan.done]):
+                if slot in plan.done:
+                    self.stdout.write(
+                        f"would skip {name} slot={slot.isoformat()}: already {plan.done[slot]}"
+                    )
+                else:
+                    self.stdout.write(f"would run {name} slot={slot.isoformat()}")
+            return
+        if plan.warning and not options["yes"]:
+            raise CommandError(
+                f"Not backfilled: {name} takes no slot argument; give --yes to run it once "
+                "per slot anyway.",
+                returncode=2,
+            )
+        report = line_printer(self, logger, options["verbosity"])
+        done = backfill.run_slots(plan, by=who, using=using, wait=options["wait"], report=report)
+        if done.exit_code:
+            sys.exit(done.exit_code)
 
     def _list(self, using: str, *, as_json: bool, check: bool) -> None:
         jobs = run_statement(using, lambda: overview(using))
