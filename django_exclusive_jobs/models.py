@@ -113,10 +113,12 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
     def with_runs(self) -> JobLockQuerySet:
         """Annotate, from run history: ``run_started_at`` (the start of the run the lock's
         current token belongs to, while it is ``running``), ``last_run_id`` (the job's
-        latest run), ``previous_status`` (the status of the run before it) and
+        latest run: a ``missed`` or ``skipped`` slot is no run), ``previous_status`` (the
+        status of the run before it) and
         ``last_slot_id`` (the newest attempt of its latest slot: a backfill's, say)."""
         runs = JobRun.objects.filter(name=OuterRef("name"))
-        latest = runs.order_by("-started_at", "-id")
+        latest = runs.exclude(status__in=[RunStatus.MISSED, RunStatus.SKIPPED])
+        latest = latest.order_by("-started_at", "-id")
         current = runs.running().filter(token=OuterRef("token"))
         return self.annotate(
             run_started_at=Subquery(current.values("started_at")[:1]),

@@ -47,7 +47,6 @@ class Held:
     holder: str
     expires_at: dt.datetime | None
     token: int | None = None  # the holder's
-    acquired_at: dt.datetime | None = None  # when the holder took it (database time)
 
 
 def try_acquire(
@@ -94,7 +93,6 @@ def acquire_or_raise(
             holder=result.holder,
             expires_at=result.expires_at,
             token=result.token,
-            acquired_at=result.acquired_at,
         )
     return result
 
@@ -198,7 +196,7 @@ def decide(name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta) -> 
     # A retried take whose first try had committed finds the lock held by itself.
     if taken or (tries > 1 and row.taken_by(me)):
         return _won(name, alias, ttl, min_hold, row, started)
-    return Held(name, row.holder, row.expires_at, row.token, row.acquired_at)
+    return Held(name, row.holder, row.expires_at, row.token)
 
 
 def _create(
@@ -233,7 +231,7 @@ def _create(
     # our create made before a dropped connection made it retry.
     ours = (row.instance, row.thread, row.released_at) == (me.instance, me.thread, None)
     if not created and not ours:
-        return Held(name, row.holder, row.expires_at, row.token, row.acquired_at)
+        return Held(name, row.holder, row.expires_at, row.token)
     run_statement(alias, lambda: row.refresh_from_db(fields=["acquired_at", "expires_at"]))
     return _won(name, alias, ttl, min_hold, row, started)
 

@@ -26,13 +26,11 @@ class LockHeld(JobLockError):
         holder: str = "",
         expires_at: dt.datetime | None = None,
         token: int | None = None,
-        acquired_at: dt.datetime | None = None,
     ) -> None:
         self.name = name
         self.holder = holder
         self.expires_at = expires_at
         self.token = token  # the holder's fencing token
-        self.acquired_at = acquired_at  # when the holder took it, on database time
         detail = f" by {holder}" if holder else ""
         until = f" until {expires_at.isoformat()}" if expires_at else ""
         super().__init__(f"Lock {name!r} is held{detail}{until}.")

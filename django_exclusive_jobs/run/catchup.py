@@ -29,7 +29,9 @@ not missed: the job's ``overlap`` policy decides it, whichever server starts nex
 ``"buffer_all"``  each runs, in order, after the run (at most ``catch_up_limit``, the
                   newest; the others are skipped)
 ``"cancel_other"``  the new slot's start asks the running run (on any server) to stop,
-                  waits up to :data:`CANCEL_WAIT` for the lock, then runs; as with
+                  and takes the lock once it has (a cron line waits up to
+                  :data:`CANCEL_WAIT`, a scheduler looks again each second), then
+                  runs; as with
                   ``"buffer_one"``, the latest slot that came during the run runs
                   after it, the others are skipped
 ================  ===================================================================
@@ -155,5 +157,5 @@ def plan(
     else:
         runnable = [slot for slot in runnable[-1:] if slot == current]
     missed = [slot for slot in due if slot not in runnable]
-    runnable = buffered_slots + runnable
+    runnable = sorted(buffered_slots + runnable)  # oldest first: each is then the latest
     return Plan(runnable[0] if runnable else None, missed, len(runnable) > 1, skipped)

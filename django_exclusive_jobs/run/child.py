@@ -43,7 +43,7 @@ class ChildProgram:
         self.signum: int | None = None
         self.timed_out: float | None = None  # the timeout it passed, in seconds
         self._stop_sent_at: float | None = None
-        self._mutex = threading.Lock()
+        self._mutex = threading.RLock()  # signal handlers take it too
 
     def __call__(self, lock: Lock) -> ChildExit:
         if self.signum is not None:  # asked to stop before the program even started

@@ -170,5 +170,8 @@ def run_now(
     """
     job = get_job(name)
     assert job is not None
+    from .shutdown import stop_on_signals
+
     run = Run(job.but(using=using), requested_by=by, report=report, supervised=True)
-    return run.call()
+    with stop_on_signals(run.on_signal):
+        return run.call()

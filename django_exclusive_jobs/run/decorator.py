@@ -99,8 +99,9 @@ def exclusive_job(
     once), ``"skip"`` (nothing: wait for the next slot) or ``"all"`` (each missed slot in
     order, at most ``catch_up_limit``, none older than ``catch_up_window``). ``overlap``
     says what becomes of slots that come while the job's previous run still runs:
-    ``"skip"`` (recorded skipped), ``"buffer_one"`` (the latest runs right after it) or
-    ``"buffer_all"`` (each runs, in order, at most ``catch_up_limit``). A function
+    ``"skip"`` (recorded skipped), ``"buffer_one"`` (the latest runs right after it),
+    ``"buffer_all"`` (each runs, in order, at most ``catch_up_limit``) or
+    ``"cancel_other"`` (the newer slot stops the run, on whatever server). A function
     with a ``slot`` parameter is given the slot (a UTC datetime) it serves.
 
     The other arguments: ``ttl`` (lease length; default ``EXCLUSIVE_JOBS["TTL"]``),

@@ -122,6 +122,8 @@ class Run:
         grace: float = 10.0,
         cancel_wait: float | None = None,
         jitter: bool = False,
+        target: Callable[[Lock], Any] | None = None,
+        on_stop: Callable[[int], None] | None = None,
     ) -> None:
         #: The job and its settings.
         self.job = job
@@ -153,8 +155,17 @@ class Run:
         self.cancel_wait = cancel_wait
         self.stop_asked = False  # this start asked the holder to stop
         self.cancelled_by = ""  # who asked this run to stop (cancel_other)
+        # The job is running (``in_job`` says whether an exception may be raised in it:
+        # no longer once a first signal has been), and has returned.
+        self.job_running = False
+        self.returned = False
         # A cron line's start: first wait for the slot's start (its jitter), see _jitter.
         self.jitter = jitter
+        # What :meth:`call` runs (default: the job's function), and how a SIGTERM or
+        # SIGINT stops it while it runs (default: Interrupted raised in it; a program is
+        # sent the signal instead, see ChildProgram.on_signal).
+        self.target = target
+        self.on_stop = on_stop
         # What happened so far.
         self.lock: Lock | None = None
         self.run_id: int | None = None
@@ -189,8 +200,9 @@ class Run:
 
     @property
     def overran(self) -> bool:
-        """This run of a job with ``overlap="buffer_one"`` or ``"buffer_all"`` ended after
-        its schedule's next slot: that slot is to run now, after it."""
+        """This run of a job whose ``overlap`` runs a slot that came during a run
+        (``"buffer_one"``, ``"buffer_all"``, ``"cancel_other"``) ended after its
+        schedule's next slot: that slot is to run now, after it."""
         job, lock, result = self.job, self.lock, self._finished
         if job.overlap == "skip" or job.schedule is None or self.slot is None or self.backfilled:
             return False
@@ -211,8 +223,10 @@ class Run:
         result = self.begin(started)
         with self._executing(result):
             self._may_start(started)
-            with self._time_limit(), self._stoppable(started):
+            with self._stoppable(started), self._time_limit():
+                target = target or self.target
                 result.value = target(started) if target else self.job.call(self.job_slot)
+                self.returned = True  # a timeout that fires from now on is too late
         result = self.finish(result)
         stopped = (RunStatus.INTERRUPTED, RunStatus.CANCELLED)
         if self.pending_signal is not None and result.status not in stopped:
@@ -293,29 +307,38 @@ class Run:
     def _executing(self, result: RunResult) -> Iterator[None]:
         """Around the job's execution: whatever it raises is recorded in ``result``
         (never raised from here)."""
-        self.in_job = True
+        self.in_job = self.job_running = True
         try:
             yield
         except BaseException as exc:
             self.record(result, exc)
         finally:
-            self.in_job = False
+            self.in_job = self.job_running = False
 
     @contextmanager
     def _time_limit(self) -> Iterator[None]:
         """Around the job's execution in :meth:`call`: stop it at its timeout."""
         limit = self.job.time_limit if self.supervised else None
-        if limit is None:
+        main = threading.current_thread() is threading.main_thread()
+        if limit is None or not main:  # only the main thread can be interrupted
             yield
             return
         last_resort = None
-        if self.on_timeout is None:  # in this thread: a job that ignores TimedOut
+        if self.job.is_async:
+            # The coroutine runs in another thread that nothing can interrupt: at the
+            # timeout, the run is recorded and the process ended at once.
+            last_resort = threading.Timer(limit, self._abandon, (limit,))
+        elif self.on_timeout is None:  # in this thread: a job that ignores TimedOut
             last_resort = threading.Timer(limit + self.grace, self._abandon, (limit,))
-            last_resort.daemon = True
-            last_resort.start()
         try:
-            with time_limit(limit, lambda: self._timed_out(limit)):
+            if last_resort is not None:
+                last_resort.daemon = True
+                last_resort.start()
+            if self.job.is_async:
                 yield
+            else:
+                with time_limit(limit, lambda: self._timed_out(limit)):
+                    yield
         finally:
             if last_resort is not None:
                 last_resort.cancel()
@@ -358,26 +381,33 @@ class Run:
 
     def _timed_out(self, limit: float) -> None:
         """The run passed its timeout (SIGALRM, in the main thread): stop the job."""
+        if not self.job_running or self.returned:
+            return
         if self.on_timeout is not None:
             self.on_timeout(limit)
-        elif self.in_job:
+        else:
             raise TimedOut(limit)
 
     def _abandon(self, limit: float) -> None:
         """The job did not return within the grace after TimedOut (it caught it, or is
         stuck in C code): record the run timed out, release the lock, end the process, as
-        SIGKILL ends a job's process elsewhere. Runs in a timer thread."""
-        if not self.in_job or self.lock is None:
+        SIGKILL ends a job's process elsewhere. Runs in a timer thread. (An async job,
+        which runs in a thread of its own, comes here at the timeout itself.)"""
+        if not self.job_running or self.returned or self.lock is None:
             return
-        self._say(
-            f"{self.name} did not stop within {self.grace:g}s of its timeout: ending the process",
-            normal=False,
-        )
-        result = self.begin(self.lock)
-        self.record(result, TimedOut(limit))
-        self.finish(result)
-        logging.shutdown()
-        os._exit(EXIT_TIMED_OUT)
+        try:
+            if self.job.is_async:
+                line = f"{self.name} passed its timeout: ending the process"
+            else:
+                line = f"{self.name} did not stop within {self.grace:g}s of its timeout"
+                line += ": ending the process"
+            self._say(line, normal=False)
+            result = self.begin(self.lock)
+            self.record(result, TimedOut(limit))
+            self.finish(result)
+        finally:
+            logging.shutdown()
+            os._exit(EXIT_TIMED_OUT)
 
     def _may_start(self, lock: Lock) -> None:
         """Raise if the job must not start: a stop asked for while the lock was being
@@ -453,26 +483,30 @@ class Run:
         )
 
     def _cancel_other(self, held: LockHeld) -> Lock | None:
-        """``overlap="cancel_other"``: if the holder took the lock before this start's
-        slot came (it runs an older slot), ask it to stop and take the lock once it has,
-        within ``cancel_wait``. None: a skip as any other (the holder serves this slot,
-        or did not stop in time)."""
+        """``overlap="cancel_other"``: if the holder runs an older slot than this start's
+        (one look at its run, by its token), ask it to stop and take the lock once it has,
+        within ``cancel_wait``. None: a skip as any other (the holder serves this slot or
+        a newer one, is a manual run, has not claimed its slot yet, or did not stop in
+        time)."""
         schedule = self.job.schedule
         if self.job.overlap != "cancel_other" or self.cancel_wait is None or schedule is None:
             return None
-        if held.token is None or held.acquired_at is None:
+        if held.token is None:
             return None
         from ..lock.clock import database_now
         from ..lock.lock import process
         from ..lock.retry import run_statement
         from ..lock.validation import resolve_alias
+        from ..models import JobRun
         from . import control
 
         using = resolve_alias(self.job.using)
         now = self.not_before or run_statement(using, lambda: database_now(using))
         slot = schedule.latest_at_or_before(now)[0] if self.not_before else schedule.slot_at(now)
-        if held.acquired_at >= slot - schedule.early_allowance(slot):
-            return None  # it serves this slot (or a newer one)
+        running = JobRun.objects.using(using).running().filter(name=self.name, token=held.token)
+        older = run_statement(using, lambda: running.values_list("slot", flat=True).first())
+        if older is None or older >= slot:
+            return None
         me = holder_name(process.host, process.pid, process.instance)
         if control.ask_to_stop(self.name, token=held.token, by=me, using=using):
             self._say(
@@ -583,6 +617,10 @@ class Run:
         Raising inside a lock statement could leave the lock held until its lease ends,
         so outside the job body the signal is only remembered.
         """
+        if self.in_job and self.on_stop is not None:  # a program: it gets the signal
+            self.pending_signal = signum
+            self.on_stop(signum)
+            return
         if self.in_job:
             self.in_job = False  # a second signal must not cut the release short
             self.pending_signal = signum
@@ -780,6 +818,7 @@ def call_each_due(make_run: Callable[[dt.datetime | None], Run]) -> RunResult:
 
     current = [make_run(None)]
     received: list[int] = []  # a signal that came between two runs stops the next one
+    followed = 0  # runs started because the one before overran (a buffering overlap)
 
     def on_signal(signum: int) -> None:
         received.append(signum)
@@ -797,7 +836,9 @@ def call_each_due(make_run: Callable[[dt.datetime | None], Run]) -> RunResult:
                     # left to whichever server comes next.
                     return replace(result, status=RunStatus.INTERRUPTED, signum=received[0])
                 current[0] = make_run(result.retry_at)  # the same slot, never a later one
-            elif run.more_due or run.overran:
+            elif run.more_due or (run.overran and followed < run.job.catch_up.limit):
+                # A cron line whose every run overruns stops after catch_up_limit of them.
+                followed += 0 if run.more_due else 1
                 current[0] = make_run(None)
             else:
                 return result

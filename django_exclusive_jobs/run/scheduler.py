@@ -271,6 +271,7 @@ class Scheduler:
             if self.stopping or due > now:
                 break
             if name in self.running:
+                self._supersede(self.running[name], due)
                 continue  # it starts again once its run ends
             if len(self.running) >= self.max_concurrent:
                 break  # stays due: started when a run ends, unless another server has it
@@ -281,13 +282,22 @@ class Scheduler:
         """Wait for the next due slot, a child's end or report, a signal, or a beat."""
         if self.stopping:
             return
-        waiting = [due for name, due in self.due.items() if name not in self.running]
+        waiting = [due for name, due in self.due.items() if self._waits_for(name, due)]
         full = len(self.running) >= self.max_concurrent
         next_poll = self.next_poll if self._polls_requests else float("inf")
         timeout = min(self.next_beat, next_poll, self.deadline) - time.monotonic()
         if waiting and not full and not self.outage.ongoing:
             timeout = min(timeout, self.clock.seconds_until(min(waiting)) + 0.001)
         self._wait(max(0.0, timeout))
+
+    def _waits_for(self, name: str, due: dt.datetime) -> bool:
+        """Whether the loop wakes at ``name``'s due time: it is not running here, or it
+        is and that coming time may stop its run (cancel_other)."""
+        active = self.running.get(name)
+        if active is None:
+            return True
+        cancels = active.job.overlap == "cancel_other" and not active.run.cancelled_by
+        return cancels and due > self.clock.now()
 
     def _wait(self, timeout: float) -> None:
         waitables: list[Any] = [self._wake_read]
@@ -320,14 +330,31 @@ class Scheduler:
         except LockDatabaseError as exc:
             self._database_down(exc)
             return
-        for request in requests:
+        for request in requests:  # stops first: a full scheduler still honours them
             if request.stop_token is not None:
                 self._stop_asked(request)
+        for request in requests:
+            if request.stop_token is not None:
                 continue
             if len(self.running) >= self.max_concurrent:
                 return
             if request.name not in self.running:
                 self._start(self.on_request[request.name], self.clock.now(), request=request)
+
+    def _supersede(self, active: Active, due: dt.datetime) -> None:
+        """``overlap="cancel_other"``: a newer slot of a job running here is due, so its
+        run (of an older slot) is stopped; the newer slot starts once it has ended."""
+        job, run = active.job, active.run
+        if job.overlap != "cancel_other" or job.schedule is None or run.cancelled_by:
+            return
+        slot = job.schedule.latest_at_or_before(due)[0]
+        if run.slot is None or run.slot >= slot or run.lock is None:
+            return
+        run.cancelled_by = run.lock.holder
+        self.say(
+            f"stopping {job.name}: slot {slot.isoformat()} is due (overlap=cancel_other)", False
+        )
+        active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
 
     def _stop_asked(self, request: RunRequest) -> None:
         """A newer slot's start asks the run holding ``request.stop_token`` to stop
@@ -396,7 +423,7 @@ class Scheduler:
             if run.stop_asked and job.schedule is not None:
                 # cancel_other: the older run was asked to stop; look again in a moment.
                 slot = job.schedule.latest_at_or_before(due)[0]
-                if (now - slot).total_seconds() < CANCEL_WAIT:
+                if (now - job.start_of(slot)).total_seconds() < CANCEL_WAIT:
                     self.due[job.name] = now + dt.timedelta(seconds=CANCEL_LOOK)
             return
         child = run.start_child(started, grace=self.grace)

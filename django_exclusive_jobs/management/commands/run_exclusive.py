@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import difflib
 import logging
 import shutil
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management import call_command, get_commands
@@ -25,7 +27,6 @@ from django_exclusive_jobs.run.registry import Job, all_jobs, get_job, schedules
 from django_exclusive_jobs.run.retries import make_retries
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule
-from django_exclusive_jobs.run.shutdown import stop_on_signals
 from django_exclusive_jobs.run.status import RunStatus
 
 logger = logging.getLogger("django_exclusive_jobs")
@@ -165,37 +166,30 @@ class Command(JobCommand):
         if not name:
             raise CommandError("Give the job's NAME (or --list to see the jobs).", returncode=2)
         grace = self._check(options)
-        job, target, child = self._target(name, program, extra)
+        job, make_target = self._target(name, program, extra, grace)
         job = job.but(**self._overrides(job, options))
         report = line_printer(self, logger, options["verbosity"])
-        if child is not None:
-            child.grace = grace
-        # A cron line fires at the slot: each run waits for the slot's start (its jitter).
-        if target is not None:  # a program or a management command
-            run = Run(
+
+        def make_run(due: dt.datetime | None) -> Run:
+            """One run: a cron line fires at the slot, so it waits for the slot's start
+            (its jitter); a retry's start is its ``retry_at`` (``due``)."""
+            target, child = make_target()
+            return Run(
                 job,
                 report=report,
-                on_lost=child.on_lost if child else None,
+                not_before=due,
                 supervised=True,
-                on_timeout=child.on_timeout if child else None,
                 grace=grace,
                 cancel_wait=CANCEL_WAIT,
-                jitter=True,
+                jitter=due is None,
+                target=target,
+                on_lost=child.on_lost if child else None,
+                on_timeout=child.on_timeout if child else None,
+                on_stop=child.on_signal if child else None,
             )
-            with stop_on_signals(child.on_signal if child is not None else run.on_signal):
-                result = run.call(target)
-        else:  # catch_up="all", retries, buffered slots: each run in turn, as the scheduler does
-            result = call_each_due(
-                lambda due: Run(
-                    job,
-                    report=report,
-                    not_before=due,
-                    supervised=True,
-                    grace=grace,
-                    cancel_wait=CANCEL_WAIT,
-                    jitter=due is None,  # a retry's start is its retry_at, not a jittered slot
-                )
-            )
+
+        # catch_up="all", retries, buffered slots: each run in turn, as the scheduler does.
+        result = call_each_due(make_run)
         if result.status == RunStatus.SKIPPED:
             code = options["skipped_exit_code"]
         else:
@@ -262,8 +256,10 @@ class Command(JobCommand):
         return {"retries": retries, "retry_backoff": delta}
 
     def _target(
-        self, name: str, program: list[str] | None, extra: list[str]
-    ) -> tuple[Job, Any, ChildProgram | None]:
+        self, name: str, program: list[str] | None, extra: list[str], grace: float
+    ) -> tuple[Job, Callable[[], tuple[Any, ChildProgram | None]]]:
+        """The job, and what makes each run's target: a program (a child process of its
+        own each time), a management command, or (None) the job's own function."""
         if program is not None:
             if not program:
                 raise CommandError("Nothing after '--': give the program to run.", returncode=2)
@@ -271,15 +267,19 @@ class Command(JobCommand):
                 raise CommandError(f"Program {program[0]!r} was not found.", returncode=2)
             if extra:
                 raise CommandError(f"Unknown option(s): {' '.join(extra)}", returncode=2)
-            child = ChildProgram(program)
-            return Job(name, _noop), child, child
+
+            def a_program() -> tuple[Any, ChildProgram | None]:
+                child = ChildProgram(program, grace=grace)
+                return child, child
+
+            return Job(name, _noop), a_program
         job = get_job(name)
         if job is not None:
             if extra:
                 raise CommandError(f"Unknown option(s): {' '.join(extra)}", returncode=2)
-            return job, None, None
+            return job, lambda: (None, None)
         if name in get_commands() and name != "run_exclusive":
-            return Job(name, _noop), lambda lock: call_command(name, *extra), None
+            return Job(name, _noop), lambda: (lambda lock: call_command(name, *extra), None)
         raise CommandError(_unknown(name), returncode=EXIT_USAGE)
 
     def _list(self) -> None:
