@@ -290,9 +290,9 @@ def insert_runs(alias: str, names: list[str], total: int) -> None:
         cursor.execute(
             f"INSERT INTO {table} (name, slot, status, host, instance, attempt, started_at, "
             f"finished_at, duration, error_type, error, requested_by, task_result_id, "
-            f"task_backend) "
+            f"task_backend, backfill, kwargs) "
             f"SELECT {name}, {when}, 'succeeded', 'h', 'i', 1, {when}, {when}, 1.5, '', '', '', "
-            f"'', '' "
+            f"'', '', FALSE, '{{}}' "
             f"FROM ({numbers}) AS numbers",
             [jobs, jobs, jobs, total - 1],
         )
