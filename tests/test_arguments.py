@@ -93,7 +93,7 @@ def takes_anything(**options: object) -> None:
     ("declared", "says"),
     [
         ({"cron": "0 6 * * *", "kwargs": {"perod": "day"}}, "unknown argument 'perod'."),
-        ({"cron": "0 6 * * *"}, "missing a required argument: 'period'."),
+        ({"cron": "0 6 * * *", "kwargs": {}}, "missing a required argument: 'period'."),
         ({"every": "1h", "kwargs": {"period": ("day",)}}, "are not JSON"),
         ({"every": "1h", "kwargs": {"period": {"day"}}}, "are not JSON"),
         ({"every": "1h", "kwargs": {"period": math.nan}}, "are not JSON"),
@@ -127,6 +127,14 @@ def test_bad_arguments_are_one_clear_error_when_the_decorator_runs(
     assert "\n" not in str(raised.value)
     assert not schedules_of("bad_arguments")
     assert get_job("bad_arguments") is None
+
+
+def test_a_scheduled_function_without_kwargs_may_take_arguments_from_direct_calls() -> None:
+    # Called directly with its arguments, it keeps the slot's once-only run; kwargs={}
+    # or schedules= say that its own starts call it, and are then checked.
+    exclusive_job("direct_with_arguments", cron="0 6 * * *")(takes_period)
+    job = get_job("direct_with_arguments")
+    assert job is not None and job.kwargs == {}
 
 
 def test_arguments_a_function_takes_through_double_star_kwargs_are_accepted() -> None:

@@ -1427,7 +1427,7 @@ def test_scheduler_overlap_sample() -> None:
 
 def test_scheduler_timeout_sample() -> None:
     load_sample("scheduler_timeout", export_everything_to_the_warehouse=lambda: None)
-    job = registry.get_job("nightly_export")
+    job = registry.get_job("warehouse_export")
     assert job is not None and job.time_limit == 45 * 60
 
 

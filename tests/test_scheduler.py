@@ -193,7 +193,10 @@ def test_killed_scheduler_mid_run_is_lost_retried_and_later_slots_run_once(
     assert (first.slot, first.status, first.attempt) == (slot, "succeeded", 2)
     assert first.retry_at is None
     ran = executions(marker, "tick_retry")
-    assert set(ran.values()) == {1} and set(ran) == {run.slot for run in rows}
+    # A slot that came while the late retry ran is skipped (overlap="skip"), not run late.
+    assert {run.status for run in rows} <= {"succeeded", "skipped"}
+    assert set(ran.values()) == {1}
+    assert set(ran) == {run.slot for run in rows if run.status == "succeeded"}
 
 
 @pytest.mark.slow

@@ -151,6 +151,7 @@ def exclusive_job(
     else:
         declared = dict(several_schedules(schedules, tolerance=slot_tolerance))
     scheduled = all(schedule is not None for schedule, _ in declared.values())
+    given_kwargs = kwargs is not None
     retries, backoff = make_retries(retries, retry_backoff)
     if retries and not scheduled:
         raise LockConfigurationError("retries only applies with every= or cron=.")
@@ -170,7 +171,9 @@ def exclusive_job(
         jobs = []
         for key, (schedule, arguments) in declared.items():
             job_name = validate_name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
-            if arguments or schedule is not None:  # a job it starts itself: they must fit
+            # What its own starts call it with must fit. A single schedule without
+            # kwargs= may serve direct calls that pass arguments: not checked.
+            if given_kwargs or key:
                 what = f"Schedule {key!r}: kwargs" if key else "kwargs"
                 arguments = check_kwargs(task.func if task else func, arguments, what=what)
             assert isinstance(arguments, dict)
