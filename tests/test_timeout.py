@@ -116,6 +116,7 @@ def test_a_run_within_its_timeout_is_not_touched(alias: str, marker: Path) -> No
 # --- the scheduler ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stubborn", [False, True], ids=["stops", "ignores-sigterm"])
 def test_the_schedulers_job_past_its_timeout_is_stopped_and_the_next_slot_runs(
     alias: str, marker: Path, schedulers: list[subprocess.Popen[str]], stubborn: bool
