@@ -193,13 +193,10 @@ def _states(alias: str) -> Any:
 def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:
     """Mark ``request`` taken by this run, unless another run took it first."""
     from ..models import RunRequest
+    from . import control
 
     requests = RunRequest.objects.using(lock.using).filter(pk=request.pk)
-    taken = run_statement(
-        lock.using,
-        lambda: requests.pending().update(taken_at=DatabaseNow(), taken_by=lock.holder),
-    )
-    if not taken:
+    if not control.take(request, by=lock.holder, using=lock.using):
         return Claim(None, why=f"run request {request.pk} was taken by another run")
     if request.slot is not None:
         found = _backfill(lock, name, request.slot, request.requested_by, kwargs)

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from .. import signals
 from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
-from ..lock.clock import DatabaseClock
+from ..lock.clock import DatabaseClock, database_now
 from ..lock.errors import JobLockError, LockHeld, LockLost
-from ..lock.lock import Lock
+from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.sql import holder_name
 from ..lock.validation import resolve_alias
@@ -493,10 +493,6 @@ class Run:
             return None
         if held.token is None:
             return None
-        from ..lock.clock import database_now
-        from ..lock.lock import process
-        from ..lock.retry import run_statement
-        from ..lock.validation import resolve_alias
         from ..models import JobRun
         from . import control
 
@@ -849,9 +845,6 @@ RETRY_WAIT_STEP = 0.1  # seconds: how soon a signal ends the wait for a retry
 
 def _wait_for_retry(run: Run, retry_at: dt.datetime, received: list[int]) -> bool:
     """Wait until ``retry_at`` on the database's clock; False if a signal came first."""
-    from ..lock.clock import DatabaseClock
-    from ..lock.retry import run_statement
-
     assert run.lock is not None
     clock = DatabaseClock(run.lock.using)
     run_statement(run.lock.using, clock.sync)
