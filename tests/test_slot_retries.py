@@ -84,6 +84,11 @@ def test_backoff_doubles_per_attempt_up_to_an_hour_and_never_reaches_the_next_sl
     assert retries.retry_at(slot, 1, slot + dt.timedelta(minutes=59, seconds=45)) is None
     assert retries.retry_at(slot, 10, slot) is None  # no attempts left
     assert retries.retry_at(None, 1, slot) is None  # a run outside the schedule
+    # A cron line that started the slot 20 s early (its tolerance) and failed at once:
+    # the retry waits for the slot, else the retry's start would serve the slot before.
+    early = slot - dt.timedelta(seconds=20)
+    assert Retries(2, dt.timedelta(0), hourly).retry_at(slot, 1, early) == slot
+    assert retries.retry_at(slot, 1, early) == slot + dt.timedelta(seconds=10)
 
 
 @pytest.mark.parametrize(

@@ -41,10 +41,12 @@ class Retries:
     ) -> dt.datetime | None:
         """When the attempt after ``attempt`` of ``slot`` may start (database time), or
         None when ``attempt`` is the slot's last: no attempts left, no slot, or the
-        retry would not come before the next slot."""
+        retry would not come before the next slot. Never before the slot itself: a cron
+        line may start a slot a little early (its slot tolerance), and a retry served
+        before its slot's time would be taken for the slot before."""
         if self.schedule is None or slot is None or attempt > self.count:
             return None
-        when = ended + self.delay(attempt)
+        when = max(ended + self.delay(attempt), slot)
         return when if when < self.schedule.next_after(slot) else None
 
     def describe(self, attempt: int, ended: str, retry_at: dt.datetime | None) -> str:
