@@ -28,6 +28,7 @@ from .models import (
     SchedulerState,
     running_long,
 )
+from .run import slot_locks
 from .run.arguments import describe as describe_arguments
 from .run.registry import Job, all_jobs
 from .run.schedules import Cron, Every, Schedule
@@ -198,6 +199,7 @@ def overview(using: str) -> Overview:
     if set(declared) - set(locks):
         prepare_locks(sorted(set(declared) - set(locks)), using=using)
         locks = {lock.name: lock for lock in rows.all()}
+    slots_held = _fold_slot_locks(locks, declared)
     wanted = {
         getattr(lock, key) for lock in locks.values() for key in ("last_run_id", "last_slot_id")
     }
@@ -220,6 +222,9 @@ def overview(using: str) -> Overview:
         lock = locks.get(name)
         if lock is not None:
             _read_lock(health, lock, found)
+        if name in slots_held and health.lock_state != LockState.HELD:
+            held = slots_held[name]  # allow_all: the newest slot running
+            health.lock_state, health.holder = LockState.HELD, held.holder
         health.failures_24h = counts[name].get(RunStatus.FAILED, 0)
         health.missed_24h = counts[name].get(RunStatus.MISSED, 0)
         health.median = medians.get(name)
@@ -236,6 +241,21 @@ def overview(using: str) -> Overview:
         _judge(health, job, now, uses_schedulers=bool(schedulers))
         (result if job is not None else undeclared).append(health)
     return Overview(now, result, undeclared, schedulers)
+
+
+def _fold_slot_locks(locks: dict[str, JobLock], declared: dict[str, Job]) -> dict[str, JobLock]:
+    """Take the locks of the slots of ``overlap="allow_all"`` jobs out of ``locks`` (they
+    are no jobs of their own); the newest held one of each job, by job. A stale one is
+    no problem of the job: the run it left is marked lost by the job's next slot."""
+    side_by_side = {name for name, job in declared.items() if job.overlap == "allow_all"}
+    held: dict[str, JobLock] = {}
+    for lock_name in sorted(locks):
+        name, separator, _ = lock_name.rpartition(slot_locks.SEPARATOR)
+        if separator and name in side_by_side:
+            lock = locks.pop(lock_name)
+            if lock.state == LockState.HELD:  # type: ignore[attr-defined]
+                held[name] = lock
+    return held
 
 
 def _read_lock(health: JobHealth, lock: JobLock, runs: dict[int, JobRun]) -> None:

@@ -77,6 +77,24 @@ def test_buffer_all_runs_at_most_the_limit_and_skips_the_older() -> None:
     assert (result.run, result.skipped, result.missed) == (at(9), [at(7), at(8)], [])
 
 
+@pytest.mark.parametrize("policy", ["latest", "skip"])
+def test_buffer_all_runs_every_buffered_slot_one_start_after_another(policy: str) -> None:
+    # Every 5 min; the 10:00 run lasted until 10:17: 10:05, 10:10 and 10:15 came during it.
+    every = Every(period=dt.timedelta(minutes=5))
+    first = plan(
+        every, CatchUp(policy), at(10, 17), at(10), overlap="buffer_all", ran=(at(10), at(10, 17))
+    )
+    assert (first.run, first.more, first.skipped, first.missed) == (at(10, 5), True, [], [])
+    # The next start (its run of 10:05 ran from 10:17 to 10:18) runs 10:10, then 10:15:
+    # they came before that run began, while the 10:00 run ran.
+    ran = (at(10, 17), at(10, 18))
+    second = plan(every, CatchUp(policy), at(10, 18), at(10, 5), overlap="buffer_all", ran=ran)
+    assert (second.run, second.more, second.skipped, second.missed) == (at(10, 10), True, [], [])
+    ran = (at(10, 18), at(10, 19))
+    third = plan(every, CatchUp(policy), at(10, 19), at(10, 10), overlap="buffer_all", ran=ran)
+    assert (third.run, third.more, third.skipped, third.missed) == (at(10, 15), False, [], [])
+
+
 def test_catch_up_slots_before_a_late_run_run_before_its_buffered_ones() -> None:
     # Down 09:10-11:40; at 11:40 the 10:00 slot ran late, until 12:05 (catch_up="all"):
     # 11:00 came before it began (catch-up's), 12:00 during it (buffered). 11:00 first,

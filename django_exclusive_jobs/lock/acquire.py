@@ -259,12 +259,16 @@ def _won(
     )
 
 
-def prepare_locks(names: Iterable[str], *, using: str | None = None) -> int:
+def prepare_locks(
+    names: Iterable[str], *, using: str | None = None, tokens_of: str | None = None
+) -> int:
     """Make sure each of ``names`` has its lock row; return how many were missing.
 
     A missing row is inserted free (never held, so the first ``take`` wins it) with the
     highest token of the name's run history (0 if none): the take adds one, so the first
     token is the one a row created on the fly starts with (``_first_token``).
+    ``tokens_of``: the run history whose tokens count instead (a job's, for the locks of
+    its slots).
     One conflict-ignoring insert (``ON CONFLICT DO NOTHING``, ``INSERT IGNORE``): servers
     preparing at once never make the database report a duplicate key. Nothing is sent
     but one ``SELECT`` when every row exists.
@@ -279,8 +283,8 @@ def prepare_locks(names: Iterable[str], *, using: str | None = None) -> int:
         existing = set(rows.filter(name__in=wanted).values_list("name", flat=True))
         missing = [name for name in wanted if name not in existing]
         if missing:
-            tops = _top_tokens(alias, missing)
-            free = [JobLock(name=name, token=tops.get(name, 0)) for name in missing]
+            tops = _top_tokens(alias, [tokens_of] if tokens_of else missing)
+            free = [JobLock(name=name, token=tops.get(tokens_of or name, 0)) for name in missing]
             rows.bulk_create(free, ignore_conflicts=True)
         return len(missing)
 

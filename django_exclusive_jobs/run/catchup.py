@@ -34,6 +34,8 @@ not missed: the job's ``overlap`` policy decides it, whichever server starts nex
                   runs; as with
                   ``"buffer_one"``, the latest slot that came during the run runs
                   after it, the others are skipped
+``"allow_all"``   none comes "during" a run: each slot takes a lock of its own and runs
+                  at its time, beside the runs still going (see ``slot_locks.py``)
 ================  ===================================================================
 
 A run whose server died has no known end: the slots after its start are missed, not
@@ -51,7 +53,7 @@ from ..lock.errors import LockConfigurationError
 from .schedules import Schedule
 
 POLICIES = ("latest", "skip", "all")
-OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other")
+OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
 CANCEL_WAIT = 30.0  # seconds a cancel_other start waits for the run it asked to stop
 # A job every second, down for a week, would need 600,000 rows: the newest are enough.
 MAX_RECORDED = 1000
@@ -96,11 +98,19 @@ def make_catch_up(
     return CatchUp(policy, limit, window_delta)
 
 
-def make_overlap(overlap: str) -> str:
-    """Check ``@exclusive_job(overlap=...)``."""
+def make_overlap(overlap: str, catch_up: CatchUp | None = None) -> str:
+    """Check ``@exclusive_job(overlap=...)`` (and that ``catch_up`` goes with it)."""
     if overlap not in OVERLAPS:
         raise LockConfigurationError(
             f"overlap must be one of {', '.join(map(repr, OVERLAPS))}, not {overlap!r}."
+        )
+    if overlap == "allow_all" and catch_up is not None and catch_up.policy == "all":
+        # "all" runs missed slots one after the other; allow_all runs each slot under
+        # its own lock, at its own time.
+        raise LockConfigurationError(
+            "overlap='allow_all' runs each slot at its time: catch_up='all' does not go "
+            "with it (use catch_up='latest' or 'skip', and `exclusive_jobs backfill` for "
+            "past slots)."
         )
     return overlap
 
@@ -142,8 +152,18 @@ def plan(
     if paused is not None:
         due = [slot for slot in due if not paused[0] <= slot <= paused[1]]
     start = start_of or (lambda slot: slot)
+    if overlap == "allow_all":
+        ran = None  # side by side: a slot that came during a run is run like any other
     # Slots whose start (with its jitter) came while the previous run ran: overlap's.
-    during = [slot for slot in due if ran is not None and ran[0] < start(slot) <= ran[1]]
+    # Under buffer_all, a previous run that began after its slot was itself buffered,
+    # and the slots that came before it began were buffered with it: they run too (the
+    # start that planned them wrote no row for them).
+    since = ran[0] if ran is not None and overlap != "buffer_all" else None
+    during = [
+        slot
+        for slot in due
+        if ran is not None and (since is None or since < start(slot)) and start(slot) <= ran[1]
+    ]
     buffered = {"buffer_one": 1, "cancel_other": 1, "buffer_all": catch_up.limit}.get(overlap, 0)
     cut = max(0, len(during) - buffered)
     skipped, buffered_slots = during[:cut], during[cut:]

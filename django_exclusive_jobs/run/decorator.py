@@ -9,7 +9,8 @@ from typing import Any, TypeVar, overload
 
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
-from ..lock.validation import validate_name, validate_timeout, validate_timing
+from ..lock.validation import MAX_NAME_LENGTH, validate_name, validate_timeout, validate_timing
+from . import slot_locks
 from .arguments import check_kwargs
 from .catchup import make_catch_up, make_overlap
 from .jitter import make_jitter
@@ -101,7 +102,8 @@ def exclusive_job(
     says what becomes of slots that come while the job's previous run still runs:
     ``"skip"`` (recorded skipped), ``"buffer_one"`` (the latest runs right after it),
     ``"buffer_all"`` (each runs, in order, at most ``catch_up_limit``) or
-    ``"cancel_other"`` (the newer slot stops the run, on whatever server). A function
+    ``"cancel_other"`` (the newer slot stops the run, on whatever server) or
+    ``"allow_all"`` (each slot runs at its time, beside any still running). A function
     with a ``slot`` parameter is given the slot (a UTC datetime) it serves.
 
     The other arguments: ``ttl`` (lease length; default ``EXCLUSIVE_JOBS["TTL"]``),
@@ -161,7 +163,7 @@ def exclusive_job(
     policy = make_catch_up(catch_up, catch_up_limit, catch_up_window)
     if overlap != "skip" and not scheduled:
         raise LockConfigurationError("overlap only applies with every= or cron=.")
-    make_overlap(overlap)
+    make_overlap(overlap, policy)
     spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
 
     def make_jobs(func: Callable[..., Any], task: Any = None) -> list[Job]:
@@ -171,6 +173,13 @@ def exclusive_job(
         jobs = []
         for key, (schedule, arguments) in declared.items():
             job_name = validate_name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
+            longest = MAX_NAME_LENGTH - slot_locks.LENGTH
+            if overlap == "allow_all" and len(job_name) > longest:
+                raise LockConfigurationError(
+                    f"With overlap='allow_all' a job's name has at most {longest} characters "
+                    f"(each slot's lock adds the slot's time to it); {job_name[:40]!r}... "
+                    f"has {len(job_name)}."
+                )
             # What its own starts call it with must fit. A single schedule without
             # kwargs= may serve direct calls that pass arguments: not checked.
             if given_kwargs or key:

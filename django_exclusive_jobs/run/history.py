@@ -73,6 +73,7 @@ def claim(
     kwargs: dict[str, Any] | None = None,
     start_of: Callable[[dt.datetime], dt.datetime] | None = None,
     backfill: dt.datetime | None = None,
+    slot: dt.datetime | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -86,9 +87,14 @@ def claim(
     ``start_of``: when each slot starts (its jitter), from which lateness is counted.
     ``backfill``: a past slot to run again, asked for by ``requested_by``
     (:func:`_backfill`), as a request with a slot is.
+    ``slot``: under ``overlap="allow_all"``, the slot whose lock ``lock`` is (see
+    ``slot_locks.py``; None: the job's own lock, for runs with no slot); the start serves
+    that slot, and only that lock's runs, and slots whose lock was left stale, are
+    closed as abandoned.
     """
     arguments = kwargs or {}
-    close_abandoned(lock, name, retry)
+    side_by_side = overlap == "allow_all"
+    close_abandoned(lock, name, retry, slot=slot, side_by_side=side_by_side)
     if request is not None:  # run now or a backfill: paused or not
         return _take_request(lock, name, request, arguments)
     if backfill is not None:  # a backfill, here: paused or not
@@ -108,6 +114,10 @@ def claim(
     else:  # the scheduler's start: its due slot, never a coming one
         now = max(lock.acquired_at, not_before)
         current = schedule.latest_at_or_before(now)[0]
+    if side_by_side and slot is not None:  # the slot of its lock, chosen before the take
+        if slot > current:
+            return Claim(None, why=f"slot {slot.isoformat()} has not begun on database time")
+        current = slot
     runs = _runs(lock.using)
     # One indexed look-up: the current slot's newest attempt if any, else the newest
     # attempt of the newest slot before it.
@@ -353,7 +363,14 @@ def is_ours(run: JobRun, lock: Lock) -> bool:
     )
 
 
-def close_abandoned(lock: Lock, name: str, retry: Retries | None = None) -> None:
+def close_abandoned(
+    lock: Lock,
+    name: str,
+    retry: Retries | None = None,
+    *,
+    slot: dt.datetime | None = None,
+    side_by_side: bool = False,
+) -> None:
     """Mark this job's runs still 'running' under an older token as lost.
 
     Holding token N means every holder before it lost the lock: its server crashed, or
@@ -361,22 +378,27 @@ def close_abandoned(lock: Lock, name: str, retry: Retries | None = None) -> None
     stay 'running' for ever, and its slot could never be retried. With attempts left
     (``retry``), a lost run gets its ``retry_at``, counted from now, so that whichever
     server comes first after it runs the slot again.
+
+    ``side_by_side`` (``overlap="allow_all"``): ``lock`` is the lock of ``slot`` alone
+    (None: the job's own, for runs with no slot), so only its runs are judged by token;
+    the runs of other slots whose lock was left stale are closed too (lost, not retried:
+    this newer start has begun).
     """
     reason = (
         f"The lock was taken over by token {lock.token} after this run's lease ran "
         "out or it was force-released: its server crashed, or lost the lock."
     )
+    runs = _runs(lock.using).filter(name=name, status=RunStatus.RUNNING, token__lt=lock.token)
+    if side_by_side:
+        runs = runs.filter(slot=slot)
+        _close_stale_slots(lock, name, slot)
     closed = run_statement(
         lock.using,
-        lambda: (
-            _runs(lock.using)
-            .filter(name=name, status=RunStatus.RUNNING, token__lt=lock.token)
-            .update(
-                status=RunStatus.LOST,
-                finished_at=DatabaseNow(),
-                error_type="LockLost",
-                error=reason,
-            )
+        lambda: runs.update(
+            status=RunStatus.LOST,
+            finished_at=DatabaseNow(),
+            error_type="LockLost",
+            error=reason,
         ),
     )
     if closed:
@@ -385,6 +407,47 @@ def close_abandoned(lock: Lock, name: str, retry: Retries | None = None) -> None
         )
     if closed and retry is not None and retry.count and lock.acquired_at is not None:
         _retry_lost(lock, name, retry, lock.acquired_at, reason)
+
+
+def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> None:
+    """``overlap="allow_all"``: runs of other slots of ``name`` whose slot lock is stale
+    (its lease ran out under the run's own token, never released: its server died) are
+    marked lost. One query, two more only when another slot is running."""
+    from ..models import JobLock, LockState, lock_states
+    from .slot_locks import lock_name
+
+    others = _runs(lock.using).filter(name=name, status=RunStatus.RUNNING, slot__isnull=False)
+    running = run_statement(
+        lock.using,
+        lambda: list(others.exclude(slot=current).values_list("pk", "slot", "token")),
+    )
+    if not running:
+        return
+    names = {lock_name(name, slot): (pk, token) for pk, slot, token in running if slot}
+    stale = JobLock.objects.using(lock.using).filter(lock_states()[LockState.STALE])
+    found = run_statement(
+        lock.using, lambda: list(stale.filter(name__in=names).values_list("name", "token"))
+    )
+    lost = [names[held][0] for held, token in found if names[held][1] == token]
+    if not lost:
+        return
+    reason = "Its slot's lock lease ran out while it ran: its server crashed, or lost the lock."
+    run_statement(
+        lock.using,
+        lambda: (
+            _runs(lock.using)
+            .filter(pk__in=lost, status=RunStatus.RUNNING)
+            .update(
+                status=RunStatus.LOST,
+                finished_at=DatabaseNow(),
+                error_type="LockLost",
+                error=reason,
+            )
+        ),
+    )
+    logger.warning(
+        "%s: %s run(s) of other slots lost their slot's lock: marked lost", name, len(lost)
+    )
 
 
 def _retry_lost(lock: Lock, name: str, retry: Retries, noticed: dt.datetime, reason: str) -> None:
@@ -494,7 +557,12 @@ def bounded_traceback(exc: BaseException) -> str:
 
 
 def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -> int:
-    """Delete prunable runs (see ``JobRunQuerySet.prunable``); return how many."""
+    """Delete prunable runs (see ``JobRunQuerySet.prunable``); return how many. The free
+    locks of slots taken before then (``overlap="allow_all"``) go too."""
+    from ..lock.clock import database_now
+    from .registry import all_jobs
+    from .slot_locks import prune
+
     check_outside_transaction(using)
     runs = _runs(using)
     if dry_run:
@@ -504,4 +572,9 @@ def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -
     for start in range(0, len(ids), PRUNE_BATCH):
         batch = ids[start : start + PRUNE_BATCH]
         deleted += run_statement(using, lambda: runs.filter(id__in=batch).delete()[0])  # noqa: B023
+    side_by_side = [job.name for job in all_jobs() if job.overlap == "allow_all"]
+    if side_by_side:
+        before = run_statement(using, lambda: database_now(using)) - older_than
+        locks = prune(side_by_side, before, using=using)
+        logger.info("deleted %s free slot lock(s) taken before %s", locks, before.isoformat())
     return deleted

@@ -28,7 +28,7 @@ from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.sql import holder_name
 from ..lock.validation import resolve_alias
-from . import history
+from . import history, slot_locks
 from .child import ChildExit
 from .registry import Job
 from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
@@ -167,6 +167,8 @@ class Run:
         self.target = target
         self.on_stop = on_stop
         # What happened so far.
+        self.lock_name = job.name  # under overlap="allow_all", its slot's (see start)
+        self.lock_slot: dt.datetime | None = None
         self.lock: Lock | None = None
         self.run_id: int | None = None
         self.slot: dt.datetime | None = None  # the slot it serves (None: a manual run)
@@ -204,7 +206,9 @@ class Run:
         (``"buffer_one"``, ``"buffer_all"``, ``"cancel_other"``) ended after its
         schedule's next slot: that slot is to run now, after it."""
         job, lock, result = self.job, self.lock, self._finished
-        if job.overlap == "skip" or job.schedule is None or self.slot is None or self.backfilled:
+        if job.overlap in ("skip", "allow_all") or job.schedule is None or self.slot is None:
+            return False
+        if self.backfilled:
             return False
         if lock is None or lock.acquired_at is None or result is None:
             return False
@@ -430,6 +434,10 @@ class Run:
             stopped = self._jitter()
             if stopped is not None:
                 return stopped
+        self.lock_slot = self._slot_of_lock()
+        if self.lock_slot is not None:
+            using = resolve_alias(self.job.using)
+            self.lock_name = slot_locks.prepare(self.name, self.lock_slot, using=using)
         try:
             lock = self._take(self.job.wait)
         except LockHeld as held:
@@ -459,7 +467,8 @@ class Run:
         self._acquired = acquired
         try:
             slot = f" slot={self.slot.isoformat()}" if self.slot else ""
-            self._say(f"acquired {self.name} token={lock.token} holder={lock.holder}{slot}")
+            own = f" lock={lock.name}" if lock.name != self.name else ""  # allow_all's
+            self._say(f"acquired {self.name} token={lock.token} holder={lock.holder}{slot}{own}")
             signals.lock_lost.connect(self._lost_receiver, sender=Lock)
             signals.job_started.send(sender=self.name, name=self.name, lock=lock)
         except BaseException as exc:
@@ -471,9 +480,31 @@ class Run:
             raise
         return lock
 
+    def _slot_of_lock(self) -> dt.datetime | None:
+        """``overlap="allow_all"``: the slot whose own lock this run takes (see
+        ``slot_locks.py``); None: the job's lock (every other policy, a run with no slot)."""
+        if self.job.overlap != "allow_all" or self.job.schedule is None:
+            return None
+        if self.backfill is not None or self.request is not None:
+            return self.backfill or (self.request.slot if self.request else None)
+        if self.requested_by:  # run now, here
+            return None
+        return self._due_slot()
+
+    def _due_slot(self) -> dt.datetime:
+        """The slot this start is for, before its lock is taken: the scheduler's due
+        slot (``not_before``), else the slot of the database's time, as the claim finds
+        it (one read of the clock)."""
+        schedule = self.job.schedule
+        assert schedule is not None
+        if self.not_before is not None:
+            return schedule.latest_at_or_before(self.not_before)[0]
+        using = resolve_alias(self.job.using)
+        return schedule.slot_at(run_statement(using, lambda: database_now(using)))
+
     def _take(self, wait: Any) -> Lock:
         return acquire_or_raise(
-            self.name,
+            self.lock_name,
             ttl=self.job.ttl,
             min_hold=self.job.min_hold,
             wait=wait,
@@ -497,8 +528,7 @@ class Run:
         from . import control
 
         using = resolve_alias(self.job.using)
-        now = self.not_before or run_statement(using, lambda: database_now(using))
-        slot = schedule.latest_at_or_before(now)[0] if self.not_before else schedule.slot_at(now)
+        slot = self._due_slot()
         running = JobRun.objects.using(using).running().filter(name=self.name, token=held.token)
         older = run_statement(using, lambda: running.values_list("slot", flat=True).first())
         if older is None or older >= slot:
@@ -651,6 +681,7 @@ class Run:
             kwargs=self.job.kwargs,
             start_of=self.job.start_of,
             backfill=self.backfill,
+            slot=self.lock_slot,
         )
         self.slot, self.more_due = claim.slot, claim.more
         self.retry_at = claim.retry_at

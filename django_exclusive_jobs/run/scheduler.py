@@ -130,6 +130,8 @@ class Scheduler:
         self.heartbeat = Heartbeat(using, sorted(set(self.jobs) | set(self.on_request)))
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
+        # The runs started here, by the name of their lock: the job's, so a job runs once
+        # at a time, or under overlap="allow_all" its slot's, so its slots run side by side.
         self.running: dict[str, Active] = {}
         self.stopping = False
         self.began = False  # reached the database once: its heartbeat row exists
@@ -431,7 +433,7 @@ class Scheduler:
             self._keep_unwritten(run)
             self._next(job, request, self._following(job, max(now, due)))
             return
-        self.running[job.name] = Active(job, run, child)
+        self.running[started.name] = Active(job, run, child)  # allow_all: a slot's lock
         if started.lost:  # lost before it was registered: _lost found nothing to stop
             self._lost(started)
         self.started_runs += 1
@@ -469,7 +471,7 @@ class Scheduler:
         if result.retry_at is not None:
             return min(max(result.retry_at, now), following)
         until = result.held_until
-        rechecks = job.retries or job.overlap != "skip"
+        rechecks = job.retries or job.overlap not in ("skip", "allow_all")
         if rechecks and until is not None and until < following:
             return max(until, now) + dt.timedelta(milliseconds=100)
         return following

@@ -20,7 +20,7 @@ from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.management.base import JobCommand
 from django_exclusive_jobs.management.output import line_printer
 from django_exclusive_jobs.run.arguments import describe as describe_arguments
-from django_exclusive_jobs.run.catchup import CANCEL_WAIT, OVERLAPS
+from django_exclusive_jobs.run.catchup import CANCEL_WAIT, OVERLAPS, make_overlap
 from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.jitter import make_jitter
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job, schedules_of
@@ -129,7 +129,8 @@ class Command(JobCommand):
             choices=OVERLAPS,
             help="what becomes of slots that come while a run still runs: skip them "
             "(default), run the latest (buffer_one) or each (buffer_all) right after it, "
-            "or stop the run for the newer slot (cancel_other)",
+            "stop the run for the newer slot (cancel_other), or run each slot at its time "
+            "beside any still running (allow_all)",
         )
         parser.add_argument("--list", action="store_true", help="list registered jobs")
 
@@ -231,7 +232,7 @@ class Command(JobCommand):
                     "declares a schedule.",
                     returncode=EXIT_USAGE,
                 )
-            overrides["overlap"] = options["overlap"]
+            overrides["overlap"] = make_overlap(options["overlap"], job.catch_up)
         if options["jitter"] is not None or overrides["schedule"] is not None:
             jitter = job.jitter if options["jitter"] is None else options["jitter"]
             overrides["jitter"] = make_jitter(jitter, overrides["schedule"] or job.schedule)
