@@ -30,6 +30,7 @@ from .models import (
 )
 from .run import slot_locks
 from .run.arguments import describe as describe_arguments
+from .run.preview import Upcoming, upcoming
 from .run.registry import Job, all_jobs
 from .run.schedules import Cron, Every, Schedule
 from .run.status import RunStatus
@@ -67,6 +68,7 @@ class JobHealth:
     timezone: str = ""
     arguments: str = ""  # the keyword arguments its runs pass, as one line of JSON
     next_slot: dt.datetime | None = None
+    upcoming: list[Upcoming] = field(default_factory=list)  # next_slot and those after it
     first_seen: dt.datetime | None = None  # when its lock row was made on this database
     last_run: JobRun | None = None
     previous_status: str = ""  # the status of the run before the last
@@ -186,8 +188,11 @@ class Overview:
         }
 
 
-def overview(using: str) -> Overview:
+def overview(using: str, *, slots: int = 1) -> Overview:
     """Read every job's state: eight queries, however many jobs and runs there are.
+
+    ``slots``: how many of each scheduled job's next slots to compute (on the database's
+    clock read here, without a query more; the jobs page shows 5).
 
     A declared job with no lock row yet gets one now (one more query, once): the row's
     creation is when this database first saw the job, which "never ran" counts from.
@@ -237,7 +242,7 @@ def overview(using: str) -> Overview:
         if any(row.serves(name) for row in schedulers):
             health.schedulers = sum(row.serves(name) for row in alive)
         if job is not None:
-            _describe(health, job, now)
+            _describe(health, job, now, slots)
         _judge(health, job, now, uses_schedulers=bool(schedulers))
         (result if job is not None else undeclared).append(health)
     return Overview(now, result, undeclared, schedulers)
@@ -294,13 +299,14 @@ def _every_in_words(period: dt.timedelta) -> str:
     return f"Every {period.total_seconds():g} seconds"
 
 
-def _describe(health: JobHealth, job: Job, now: dt.datetime) -> None:
+def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None:
     health.arguments = describe_arguments(job.kwargs)
     if job.schedule is None:
         health.schedule = "no schedule"
         return
     health.schedule, health.timezone = schedule_in_words(job.schedule)
-    health.next_slot = job.schedule.next_after(now)
+    health.upcoming = upcoming(job, now, slots)
+    health.next_slot = health.upcoming[0].slot
     last = health.last_run
     if job.task is not None and last is not None and last.task_result_id:
         health.task_status = result_status(job.task, last.task_result_id, last.task_backend)

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db import connections
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_exclusive_jobs import LockLost, exclusive_job, try_acquire
+from django_exclusive_jobs.admin import jobs as jobs_admin
+from django_exclusive_jobs.admin.jobs import NEXT_SLOTS
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.models import JobLock, JobRun, LockState, Scheduler
+from django_exclusive_jobs.run.preview import upcoming
+from django_exclusive_jobs.run.registry import get_job
 
 from .helpers import expire_now, other_holder
 
@@ -361,3 +368,54 @@ def test_a_run_running_long_is_marked_on_its_lock_and_filtered(superuser_client:
         assert "long-job" in long_only and "short-job" not in long_only
         assert [lock.name for lock in JobLock.objects.running_long()] == ["long-job"]
         assert token is not None
+
+
+# --- the jobs page: each job's next slots ------------------------------------------------
+
+
+def job_row(html: str, name: str) -> str:
+    start = html.index(f'<tr class="job-row" data-job="{name}">')
+    return html[start : html.index("</tr>", start)]
+
+
+def test_jobs_page_shows_each_jobs_next_slots_in_utc_and_its_zone(
+    superuser_client: Client,
+) -> None:
+    job = get_job("summary:weekly")
+    assert job is not None
+    before = database_now("default")
+    row = job_row(superuser_client.get(JOBS).content.decode(), job.name)
+    after = database_now("default")
+    shown = [dt.datetime.fromisoformat(slot) for slot in re.findall(r'data-slot="([^"]+)"', row)]
+    slots = [[coming.slot for coming in upcoming(job, now, NEXT_SLOTS)] for now in (before, after)]
+    assert shown in slots
+    assert len(shown) == NEXT_SLOTS
+    assert "Europe/Paris" in row
+    for slot in shown:
+        local = slot.astimezone(job.zone)
+        assert f"{slot:%Y-%m-%d %H:%M:%S} UTC" in row
+        assert f"{local:%Y-%m-%d %H:%M:%S %z}" in row
+
+
+def test_a_job_without_a_schedule_has_no_next_slot(superuser_client: Client) -> None:
+    row = job_row(superuser_client.get(JOBS).content.decode(), "quick")
+    assert "data-slot=" not in row and '<td class="exclusive-jobs-next">—</td>' in row
+
+
+def test_the_next_slots_cost_the_jobs_page_no_query(
+    superuser_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slots are computed on the database time the page reads anyway: five cost the
+    same queries as one."""
+
+    def page(slots: int) -> int:
+        monkeypatch.setattr(jobs_admin, "NEXT_SLOTS", slots)
+        with CaptureQueriesContext(connections["default"]) as seen:
+            response = superuser_client.get(JOBS)
+        assert response.status_code == 200
+        row = job_row(response.content.decode(), "tick")
+        assert row.count("data-slot=") == slots
+        return len(seen)
+
+    page(1)  # its first look makes the declared jobs' lock rows
+    assert page(NEXT_SLOTS) == page(1)

@@ -47,6 +47,7 @@ from functools import cache
 from io import StringIO
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -65,6 +66,7 @@ from django_exclusive_jobs.run.schedules import make_schedule
 
 from .conftest import clean_tables
 from .helpers import expire_now
+from .test_schedules import changes_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -1146,6 +1148,82 @@ def test_no_retired_names(path: Path) -> None:
         assert found is None, f"{where} says {found.group(0)!r}: use {instead}"
 
 
+# --- how-it-works.md: what a daylight-saving change does to each kind of schedule -------
+
+DST_YEAR = 2026
+DST_ZONES = ("Europe/Paris", "America/New_York", "Australia/Lord_Howe")
+# The table's columns: a job's declaration, and how far from a change its slots are shown
+# (a daily job: its slot that night; an hourly one: the hour either side).
+DST_JOBS = {
+    '`cron="30 2 * * *"`': ({"cron": "30 2 * * *"}, dt.timedelta(hours=12)),
+    '`cron="0 * * * *"`': ({"cron": "0 * * * *"}, dt.timedelta(hours=1)),
+    '`every="1h"`': ({"every": "1h"}, dt.timedelta(hours=1)),
+}
+
+
+def dst_table() -> list[str]:
+    """The daylight-saving table of how-it-works.md, computed: for each change of UTC
+    offset of each zone in DST_YEAR (from the tz database), the slots the schedule code
+    gives near it, on the zone's clock, as ``exclusive_jobs next`` shows them."""
+    header = ["time zone", f"{DST_YEAR} change", *DST_JOBS]
+    lines = [_row(header), "|" + "|".join(["---"] * len(header)) + "|"]
+    for zone in DST_ZONES:
+        for change in changes_of(zone, DST_YEAR):
+            cells = [zone, _dst_change(zone, change)]
+            for declared, span in DST_JOBS.values():
+                shown = _slots_near(zone, declared, change, span)
+                cells.append(", ".join(_clock(slot.local) for slot in shown))
+            lines.append(_row(cells))
+    return lines
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _clock(moment: dt.datetime) -> str:
+    """``03:00 +02:00``: a time on its zone's clock, with its UTC offset."""
+    return f"{moment:%H:%M} {moment.isoformat()[-6:]}"
+
+
+def _dst_change(zone: str, change: dt.datetime) -> str:
+    """``29 March: 02:00 +01:00 → 03:00 +02:00, 02:00-03:00 does not exist``."""
+    tz = ZoneInfo(zone)
+    old = (change - dt.timedelta(minutes=1)).astimezone(tz).utcoffset()
+    assert old is not None
+    before, after = change.astimezone(dt.timezone(old)), change.astimezone(tz)
+    if after.replace(tzinfo=None) > before.replace(tzinfo=None):
+        gap = f"{before:%H:%M}-{after:%H:%M} does not exist"
+    else:
+        gap = f"{after:%H:%M}-{before:%H:%M} comes twice"
+    return f"{after.day} {after:%B}: {_clock(before)} → {_clock(after)}, {gap}"
+
+
+def _slots_near(
+    zone: str, declared: dict[str, str], change: dt.datetime, span: dt.timedelta
+) -> list[Any]:
+    """The slots of a job declared so in ``zone`` from ``span`` before ``change`` to
+    ``span`` after it, as the ``next`` command computes them (an ``every=`` job's zone
+    is ``TIME_ZONE``)."""
+    from django_exclusive_jobs.run.preview import upcoming
+
+    with override_settings(TIME_ZONE=zone):
+        cron_zone = zone if "cron" in declared else None
+        schedule = make_schedule(**declared, timezone=cron_zone)  # type: ignore[arg-type]
+        job = registry.Job(name="dst", func=lambda: None, schedule=schedule)
+        start = change - span - dt.timedelta(microseconds=1)
+        coming = upcoming(job, start, 2 * span // dt.timedelta(minutes=30) + 2)
+    return [slot for slot in coming if slot.slot <= change + span]
+
+
+def test_daylight_saving_table_is_what_the_schedules_do() -> None:
+    """The table on how-it-works.md is computed again here, from the real transitions
+    of its zones and the real schedule code: it cannot drift."""
+    page = section("how-it-works.md", "### Daylight saving")
+    shown = [line for line in page.splitlines() if line.startswith("|")]
+    assert shown == dst_table(), "\n".join(["how-it-works.md should show:", *dst_table()])
+
+
 # --- what the commands print, as the reference says --------------------------------------
 
 
@@ -1549,7 +1627,7 @@ def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
     assert re.findall(r"^\| (\d+) \|", reference, re.MULTILINE) == codes
     options = long_options(
         "exclusive_jobs",
-        {"json", "check", "database", "by", "start", "end", "dry_run", "wait", "yes"},
+        {"json", "check", "database", "by", "start", "end", "dry_run", "wait", "yes", "count"},
     )
     assert set(re.findall(r"^\| `(--[a-z-]+)", reference, re.MULTILINE)) == options
     actions = {
@@ -1702,6 +1780,46 @@ def test_exclusive_jobs_backfill_prints_the_documented_lines(
     [sample] = [body for _info, body in fenced_blocks(operations) if body.startswith("backfill ")]
     for line in sample.splitlines():
         assert any(p.fullmatch(counts.sub("COUNTS", line)) for p in patterns), line
+
+
+def test_exclusive_jobs_next_prints_the_documented_lines(
+    sqlite: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sample of ``next`` is its output, word for word, at the database time it
+    shows; each line it prints is a documented one, and its JSON has the documented
+    fields."""
+    from django_exclusive_jobs import exclusive_job
+    from django_exclusive_jobs.management.commands import exclusive_jobs
+
+    def run(*args: str) -> list[str]:
+        out = StringIO()
+        call_command("exclusive_jobs", "next", *args, stdout=out)
+        return out.getvalue().splitlines()
+
+    reference = (DOCS / "reference" / "commands.md").read_text()
+    prompt = "$ python manage.py exclusive_jobs next "
+    [sample] = [body for _info, body in fenced_blocks(reference) if body.startswith(prompt)]
+    command, *shown = sample.splitlines()
+    now = dt.datetime.fromisoformat(re.findall(r" after (\S+) \(database time\)", shown[0])[0])
+    monkeypatch.setattr(exclusive_jobs, "database_now", lambda using: now)
+    exclusive_job("nightly_export", cron="30 2 * * *", timezone="Europe/Paris", jitter="10m")(
+        lambda: None
+    )
+    printed = run(*shlex.split(command.removeprefix(prompt)))
+    assert printed == shown
+
+    documented = documented_block("reference/commands.md", "next N slot(s) of NAME")
+    schedule = registry.get_job("nightly_export").schedule.describe()  # type: ignore[union-attr]
+    assert_lines_match([printed[0].replace(schedule, "SCHEDULE"), *run("quick")], documented)
+
+    [json_row] = [line for line in reference.splitlines() if "with `next`, an object" in line]
+    said = json_row.split("with `next`, an object with", 1)[1].split("(", 1)[0]
+    fields, slot_fields = (re.findall(r"`(\w+)`", part) for part in said.split("each slot"))
+    answer = json.loads("\n".join(run("nightly_export", "--json")))
+    assert list(answer) == fields
+    assert [list(slot) for slot in answer["slots"]] == [slot_fields] * 10
+    unscheduled = json.loads("\n".join(run("quick", "--json")))
+    assert (unscheduled["schedule"], unscheduled["slots"]) == (None, [])
 
 
 def test_paused_skip_line_is_the_documented_one(sqlite: str, capsys: Any) -> None:

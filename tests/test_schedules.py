@@ -142,6 +142,16 @@ DST_NIGHTS = {
             "2026-10-25 03:30",
         ],
     ),
+    "paris-spring-forward-hourly": (
+        "Europe/Paris",
+        "0 * * * *",
+        "2026-03-28 23:00",
+        "2026-03-29 03:00",
+        # 02:00 does not exist: a wildcard hour skips it, and the slots are one hour apart
+        # in UTC all the same (01:00 +01:00 is 00:00 UTC, 03:00 +02:00 is 01:00 UTC)
+        [f"2026-03-28 {hour}:00" for hour in ("22", "23")]
+        + [f"2026-03-29 0{hour}:00" for hour in range(5)],
+    ),
     "new-york-spring-forward": (
         "America/New_York",
         "30 2 * * *",
@@ -191,6 +201,16 @@ DST_NIGHTS = {
         ]
         + ["2026-04-04 13:45", "2026-04-04 16:00", "2026-04-04 16:15"],
     ),
+    "lord-howe-fall-back-hourly": (
+        # the repeated half hour (01:30-02:00) has no minute 0: 01:00 +11 is 14:00 UTC,
+        # 02:00 +10:30 is 15:30 UTC, 90 minutes later
+        "Australia/Lord_Howe",
+        "0 * * * *",
+        "2026-04-04 13:00",
+        "2026-04-04 16:30",
+        [f"2026-04-04 {time}" for time in ("13:00", "14:00", "15:30", "16:30")]
+        + ["2026-04-04 17:30"],
+    ),
     "lord-howe-spring-forward": (
         # 02:00 +10:30 becomes 02:30 +11: 02:15 does not exist, the slot is 02:30
         "Australia/Lord_Howe",
@@ -198,6 +218,16 @@ DST_NIGHTS = {
         "2026-10-03 14:00",
         "2026-10-03 17:00",
         ["2026-10-02 15:45", "2026-10-03 15:30", "2026-10-04 15:15"],
+    ),
+    "lord-howe-spring-forward-hourly": (
+        # 02:00 does not exist and the job does not run at 02:30 instead: 01:00 +10:30 is
+        # 14:30 UTC, 03:00 +11 is 16:00 UTC, 90 minutes later
+        "Australia/Lord_Howe",
+        "0 * * * *",
+        "2026-10-03 13:00",
+        "2026-10-03 17:00",
+        [f"2026-10-03 {time}" for time in ("12:30", "13:30", "14:30", "16:00", "17:00")]
+        + ["2026-10-03 18:00"],
     ),
     "st-johns-fall-back-across-midnight": (
         # 00:01 -02:30 became 23:01 -03:30: midnight happens twice, and CronSim's own walk
@@ -254,3 +284,32 @@ def test_cron_slots_are_utc(night: str) -> None:
     assert schedule.next_after(at(first)).tzinfo is UTC
     assert schedule.slot_at(at(first)).tzinfo is UTC
     assert all(slot.tzinfo is UTC for slot in islice(schedule.slots_back(latest), 3))
+
+
+def changes_of(zone: str, year: int) -> list[dt.datetime]:
+    """When ``zone`` changes its UTC offset in ``year``, from the tz database: each
+    change as its first minute (UTC) on the new offset."""
+    tz = zoneinfo.ZoneInfo(zone)
+
+    def offset(moment: dt.datetime) -> dt.timedelta | None:
+        return moment.astimezone(tz).utcoffset()
+
+    changes = []
+    hour = dt.datetime(year, 1, 1, tzinfo=UTC)
+    while hour.year == year:
+        following = hour + dt.timedelta(hours=1)
+        if offset(following) != offset(hour):
+            minute = hour
+            while offset(minute) == offset(hour):
+                minute += dt.timedelta(minutes=1)
+            changes.append(minute)
+        hour = following
+    return changes
+
+
+@pytest.mark.parametrize("night", [name for name in DST_NIGHTS if "st-johns" not in name])
+def test_dst_nights_are_real_changes(night: str) -> None:
+    """Each 2026 night above spans one of its zone's changes of UTC offset (the tz
+    database's, not a guess), so its slots are tested across a real change."""
+    zone, _, first, last, _ = DST_NIGHTS[night]
+    assert any(at(first) < change <= at(last) for change in changes_of(zone, 2026))

@@ -39,7 +39,7 @@ class BackfillForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.job, self.using = job, using
         self.plan: backfill.Backfill | None = None
-        zone = str(backfill.zone_of(job))
+        zone = str(job.zone)
         for name in ("start", "end"):
             said = _("A time without a zone is in %(zone)s, the job's time zone.")
             self.fields[name].help_text += " " + said % {"zone": zone}

@@ -36,6 +36,8 @@ ACTIONS = {
     "cancel": gettext_lazy("Cancel the waiting run"),
     "backfill": gettext_lazy("Backfill"),
 }
+# How many of each job's next slots the jobs page shows.
+NEXT_SLOTS = 5
 
 
 def what_happens(action: str, name: str, request: RunRequest | None = None) -> str:
@@ -95,7 +97,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             **self.admin_site.each_context(request),
             "title": _("All jobs"),
             "opts": self.model._meta,
-            "overview": overview(self._using()),
+            "overview": overview(self._using(), slots=NEXT_SLOTS),
             "ok": Health.OK,
             "can_change": self.has_change_permission(request),
         }

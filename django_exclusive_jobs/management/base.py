@@ -117,3 +117,20 @@ def duration_option(option: str) -> Callable[[str], dt.timedelta]:
         return parsed
 
     return parse
+
+
+def count_option(option: str, most: int) -> Callable[[str], int]:
+    """argparse ``type=`` of ``option``: a whole number from 1 to ``most``."""
+
+    def parse(value: str) -> int:
+        try:
+            parsed = int(value)
+        except ValueError:
+            parsed = 0
+        if not 1 <= parsed <= most:
+            raise argparse.ArgumentTypeError(
+                f"{option} must be a whole number from 1 to {most}, got {value!r}."
+            )
+        return parsed
+
+    return parse

@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import zoneinfo
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-
-from django.conf import settings
 
 from ..conf import app_settings
 from ..lock.clock import database_now
@@ -78,16 +75,10 @@ def warning(job: Job) -> str:
     )
 
 
-def zone_of(job: Job) -> dt.tzinfo:
-    """The zone of a time given without one: a cron schedule's, else ``TIME_ZONE``."""
-    name = getattr(job.schedule, "timezone", None) or settings.TIME_ZONE or "UTC"
-    return zoneinfo.ZoneInfo(name)
-
-
 def plan(job: Job, start: dt.datetime, end: dt.datetime | None = None, *, using: str) -> Backfill:
     """The slots of ``job``'s schedule from ``start`` to ``end`` (both included; default
     now, on the database's clock) that have no successful run, oldest first. A time
-    without a zone is in :func:`zone_of` the job. Refused (LockConfigurationError, one
+    without a zone is in the job's zone (``Job.zone``). Refused (LockConfigurationError, one
     line): a job without a schedule, ``start`` after ``end``, ``end`` in the future,
     more than :data:`MAX_SLOTS` slots."""
     from ..models import JobRun
@@ -97,7 +88,7 @@ def plan(job: Job, start: dt.datetime, end: dt.datetime | None = None, *, using:
         raise LockConfigurationError(
             f"{job.name} has no schedule (every= or cron=): it has no slots to backfill."
         )
-    zone = zone_of(job)
+    zone = job.zone
     now = run_statement(using, lambda: database_now(using))
     start = _aware(start, zone)
     end = now if end is None else _aware(end, zone)

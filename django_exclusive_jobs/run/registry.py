@@ -6,6 +6,7 @@ import copy
 import datetime as dt
 import inspect
 import traceback
+import zoneinfo
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import module_has_submodule
 
@@ -92,6 +94,13 @@ class Job:
     def wants_slot(self) -> bool:
         """The function takes a ``slot`` argument: it is given the slot it serves."""
         return "slot" in inspect.signature(self.func).parameters
+
+    @property
+    def zone(self) -> zoneinfo.ZoneInfo:
+        """The job's time zone: its ``cron=`` schedule's, else ``TIME_ZONE``. A time given
+        without a zone is in it, and its slots are shown on its clock."""
+        name = getattr(self.schedule, "timezone", None) or settings.TIME_ZONE or "UTC"
+        return zoneinfo.ZoneInfo(name)
 
     def start_of(self, slot: dt.datetime) -> dt.datetime:
         """When ``slot`` starts: the slot, plus this job's jitter offset for it."""

@@ -45,6 +45,13 @@ class Schedule:
         """The shortest time between two slots, over the next ``GAP_SLOTS`` from ``moment``."""
         raise NotImplementedError
 
+    def slots_after(self, moment: dt.datetime) -> Iterator[dt.datetime]:
+        """The scheduled instants strictly after ``moment``, oldest first (UTC)."""
+        slot = moment.astimezone(dt.UTC)  # local arithmetic would drop `fold`
+        while True:
+            slot = self.next_after(slot)
+            yield slot
+
     def slots_back(self, slot: dt.datetime) -> Iterator[dt.datetime]:
         """``slot`` and the scheduled instants before it, newest first (UTC)."""
         slot = slot.astimezone(dt.UTC)  # local arithmetic would drop `fold`

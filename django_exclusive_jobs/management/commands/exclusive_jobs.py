@@ -1,8 +1,9 @@
 """``manage.py exclusive_jobs [--json | --check] | pause NAME | resume NAME | run NAME |
-backfill NAME --from T``."""
+backfill NAME --from T | next NAME [-n N] [--json]``."""
 
 from __future__ import annotations
 
+import datetime as dt
 import getpass
 import json
 import logging
@@ -13,11 +14,17 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_exclusive_jobs.health import JobHealth, Overview, overview
+from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
-from django_exclusive_jobs.management.base import JobCommand, duration_option, moment_option
+from django_exclusive_jobs.management.base import (
+    JobCommand,
+    count_option,
+    duration_option,
+    moment_option,
+)
 from django_exclusive_jobs.management.output import line_printer
-from django_exclusive_jobs.run import backfill, control
+from django_exclusive_jobs.run import backfill, control, preview
 from django_exclusive_jobs.run.registry import get_job
 
 EPILOG = """\
@@ -29,6 +36,9 @@ backfill NAME --from T [--to T]: run here, oldest first, each slot of the job fr
 T (default now) that has no run that succeeded, once across all servers; --dry-run only
 lists them. A time without a zone is in the job's cron time zone, else TIME_ZONE. A job
 whose function takes no slot argument needs --yes (each run would do the same work).
+next NAME [-n N]: the job's next N slots (default 10) after the database's time, in UTC
+and in its time zone (its cron time zone, else TIME_ZONE), with their start if it has a
+jitter; a job without a schedule has none (one line, exit 0).
 
 exit codes: 0 all well (or done); 1 --check found problems, or run NAME failed or its
 lock is held, or a backfilled slot did not succeed or was not run (its lock stayed held
@@ -39,6 +49,7 @@ applied); 3 the database cannot be reached; run NAME also exits as run_exclusive
 
 
 logger = logging.getLogger("django_exclusive_jobs")
+NEXT_SLOTS = 10  # next NAME shows this many slots without -n
 
 
 class Command(JobCommand):
@@ -49,11 +60,15 @@ class Command(JobCommand):
         parser.add_argument(
             "action",
             nargs="?",
-            choices=["list", "pause", "resume", "run", "backfill"],
+            choices=["list", "pause", "resume", "run", "backfill", "next"],
             default="list",
         )
-        parser.add_argument("name", nargs="?", help="the job, with pause, resume, run, backfill")
-        parser.add_argument("--json", action="store_true", help="the list as JSON")
+        parser.add_argument(
+            "name", nargs="?", help="the job, with pause, resume, run, backfill, next"
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="the list, or next's slots, as JSON"
+        )
         parser.add_argument(
             "--check", action="store_true", help="one line per problem; exit 1 if any"
         )
@@ -86,11 +101,19 @@ class Command(JobCommand):
             action="store_true",
             help="backfill: go on although the job's function takes no slot argument",
         )
+        parser.add_argument(
+            "-n",
+            "--count",
+            type=count_option("-n", preview.MAX_SLOTS),
+            help=f"next: how many slots (default {NEXT_SLOTS}, at most {preview.MAX_SLOTS})",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = resolve_alias(options["database"])
         check_outside_transaction(using)
         action, name = options["action"], options["name"]
+        if options["count"] is not None and action != "next":
+            raise CommandError("-n goes with next.", returncode=2)
         if action == "list":
             if name:
                 raise CommandError("list takes no NAME.", returncode=2)
@@ -109,6 +132,8 @@ class Command(JobCommand):
             raise CommandError("--from, --to, --dry-run and --yes go with backfill.", returncode=2)
         elif options["wait"] is not None:
             raise CommandError("--wait goes with backfill.", returncode=2)
+        elif action == "next":
+            self._next(name, using, options)
         elif action == "pause":
             control.pause(name, by=who, using=using)
             self.stdout.write(f"paused {name}: its starts skip until it is resumed")
@@ -150,6 +175,45 @@ class Command(JobCommand):
         if done.exit_code:
             sys.exit(done.exit_code)
 
+    def _next(self, name: str, using: str, options: dict[str, Any]) -> None:
+        job = get_job(name)
+        assert job is not None
+        if options["check"]:
+            raise CommandError("--check goes with list.", returncode=2)
+        now = run_statement(using, lambda: database_now(using))
+        slots = preview.upcoming(job, now, options["count"] or NEXT_SLOTS)
+        schedule = job.schedule.describe() if job.schedule else None
+        if options["json"]:
+            said = {
+                "name": job.name,
+                "schedule": schedule,
+                "timezone": str(job.zone),
+                "now": now.isoformat(),
+                "slots": [slot.as_dict() for slot in slots],
+            }
+            self.stdout.write(json.dumps(said, indent=2))
+        elif schedule is None:
+            self.stdout.write(
+                f"{job.name} has no schedule (every= or cron=): no slot comes; it runs only "
+                "when it is started."
+            )
+        else:
+            jitter = f" jitter {job.jitter}" if job.jitter else ""
+            self.stdout.write(
+                f"next {len(slots)} slot(s) of {job.name} after {_shown(now)} (database time): "
+                f"{schedule}{jitter}"
+            )
+            self._slots(slots, str(job.zone), jittered=bool(job.jitter))
+
+    def _slots(self, slots: list[preview.Upcoming], zone: str, *, jittered: bool) -> None:
+        """The slots as a table: in UTC, on the job's zone's clock, and their start."""
+        rows = [["UTC", zone, "START (UTC)"]]
+        for slot in slots:
+            rows.append([_shown(slot.slot), _shown(slot.local), _shown(slot.start, "milliseconds")])
+        if not jittered:
+            rows = [row[:2] for row in rows]
+        self._columns(rows)
+
     def _list(self, using: str, *, as_json: bool, check: bool) -> None:
         jobs = run_statement(using, lambda: overview(using))
         if as_json:
@@ -180,6 +244,14 @@ class Command(JobCommand):
                     f"{job.failures_24h}/{job.missed_24h}",
                 )
             )
+        self._columns(rows)
+        alive = f"{jobs.schedulers_alive} scheduler(s) alive"
+        if not jobs.schedulers_alive and jobs.last_beat is not None:
+            alive = f"no scheduler alive since {jobs.last_beat.isoformat(timespec='seconds')}"
+        self.stdout.write(f"{alive}; {len(jobs.problems)} problem(s)")
+
+    def _columns(self, rows: list[Any]) -> None:
+        """Rows of cells as columns, each as wide as its widest cell."""
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             self.stdout.write(
@@ -187,10 +259,10 @@ class Command(JobCommand):
                     cell.ljust(width) for cell, width in zip(row, widths, strict=True)
                 ).rstrip()
             )
-        alive = f"{jobs.schedulers_alive} scheduler(s) alive"
-        if not jobs.schedulers_alive and jobs.last_beat is not None:
-            alive = f"no scheduler alive since {jobs.last_beat.isoformat(timespec='seconds')}"
-        self.stdout.write(f"{alive}; {len(jobs.problems)} problem(s)")
+
+
+def _shown(moment: dt.datetime, timespec: str = "seconds") -> str:
+    return moment.isoformat(timespec=timespec)
 
 
 def _named(job: JobHealth) -> str:
