@@ -13,6 +13,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from .conf import DEFAULTS, GONE
 from .lock.durations import parse_duration
 from .lock.validation import MAX_TTL, MIN_TTL
+from .logs import FORMATS as LOG_FORMATS
 
 SETTING = "EXCLUSIVE_JOBS"
 PREFIX = "django_exclusive_jobs."
@@ -131,6 +132,8 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     busy = duration("BUSY_TIMEOUT")
     if busy is not None and busy < dt.timedelta(0):
         error("E011", "BUSY_TIMEOUT", "must not be negative.")
+    if merged["LOG_FORMAT"] not in LOG_FORMATS:
+        error("E016", "LOG_FORMAT", f"must be 'text' or 'json', not {merged['LOG_FORMAT']!r}.")
     return messages
 
 

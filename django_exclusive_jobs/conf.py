@@ -33,6 +33,9 @@ DEFAULTS: dict[str, Any] = {
     # A shared secret for the optional health view (monitors send it as a Bearer
     # token); None: only staff who may view jobs see the view.
     "HEALTH_TOKEN": None,
+    # What the commands print for each decision: "text" (a sentence) or "json" (one JSON
+    # object per line: the sentence and its fields, see django_exclusive_jobs/logs.py).
+    "LOG_FORMAT": "text",
 }
 
 # Settings that existed before and what became of them (system check W002).

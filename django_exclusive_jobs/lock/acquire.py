@@ -22,6 +22,7 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Max
 
 from ..conf import app_settings
+from ..logs import extra
 from .clock import DatabaseNow, now_plus
 from .durations import DurationLike
 from .errors import JobLockError, LockHeld, LockLost
@@ -121,7 +122,12 @@ def exclusive_lock(
         try:
             lock.release()
         except JobLockError:
-            logger.exception("could not release %s token=%s", lock.name, lock.token)
+            logger.exception(
+                "could not release %s token=%s",
+                lock.name,
+                lock.token,
+                extra=extra("database", lock=lock.name, token=lock.token, status="release_failed"),
+            )
 
 
 def force_release(name: str, *, using: str | None = None) -> bool:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
+from ..logs import extra
 from .errors import LockLost
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class KeepAlive(threading.Thread):
                     self.lock.name,
                     self.lock.token,
                     exc,
+                    extra=extra("database", lock=self.lock.name, status="retrying"),
                 )
                 self._stopping.wait(min(retry_delay, max(0.0, self.lock.seconds_left)))
                 continue

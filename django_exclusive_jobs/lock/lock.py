@@ -22,6 +22,7 @@ from typing import Any
 from django.db import connections
 
 from .. import signals
+from ..logs import extra
 from .errors import JobLockError, LockLost
 from .retry import run_statement
 from .sql import Identity, Statements, holder_name
@@ -216,7 +217,12 @@ class Lock:
             freed = True  # the first try committed before the connection dropped
         if not freed:
             self._mark_lost("the lock was force-released or taken over before release")
-            logger.warning("release of %s token=%s found it no longer held", self.name, self.token)
+            logger.warning(
+                "release of %s token=%s found it no longer held",
+                self.name,
+                self.token,
+                extra=extra("lost", lock=self.name, token=self.token),
+            )
         self._released = True
         if not freed:
             return False
@@ -253,7 +259,12 @@ class Lock:
                 return False
             self.lost_reason = reason
         logger.warning(
-            "lock lost: %s token=%s holder=%s: %s", self.name, self.token, self.holder, reason
+            "lock lost: %s token=%s holder=%s: %s",
+            self.name,
+            self.token,
+            self.holder,
+            reason,
+            extra=extra("lost", lock=self.name, token=self.token, holder=self.holder),
         )
         signals.lock_lost.send(sender=Lock, lock=self, reason=reason)
         return True
@@ -294,7 +305,11 @@ class Lock:
             freed, _ = self._release_row()
         except JobLockError as exc:
             logger.warning(
-                "could not free %s token=%s after it was lost: %s", self.name, self.token, exc
+                "could not free %s token=%s after it was lost: %s",
+                self.name,
+                self.token,
+                exc,
+                extra=extra("lost", lock=self.name, token=self.token),
             )
             return
         logger.warning(
@@ -303,6 +318,7 @@ class Lock:
             self.token,
             self.lost_reason,
             "; freed its row" if freed else "",
+            extra=extra("lost", lock=self.name, token=self.token),
         )
 
     def _released_by_us(self) -> bool:

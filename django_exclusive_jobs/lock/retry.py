@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connections
 
 from ..conf import app_settings
+from ..logs import extra
 from .durations import parse_duration
 from .errors import JobLockError, LockConfigurationError, LockDatabaseError
 
@@ -99,7 +100,11 @@ def _reconnect(alias: str, exc: BaseException, delays: list[float]) -> bool:
         return False
     pause = delays.pop(0)
     logger.info(
-        "connection to database %r dropped, reconnecting in %gs: %s", alias, pause, one_line(exc)
+        "connection to database %r dropped, reconnecting in %gs: %s",
+        alias,
+        pause,
+        one_line(exc),
+        extra=extra("database", status="reconnecting"),
     )
     time.sleep(pause)
     return True

@@ -8,6 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from ..conf import app_settings
+from ..logs import Line
+
 
 def shown_by_logging(logger: logging.Logger, level: int) -> bool:
     """Whether a record at ``level`` reaches a handler the project configured.
@@ -34,15 +37,19 @@ def line_printer(
     """Prints each decision line once: unless the project's logging already shows it.
 
     Normal lines go to stdout (not at verbosity 0; lines about skips only when ``skips``
-    or at verbosity 2), the others to stderr.
+    or at verbosity 2), the others to stderr: as sentences, or with ``LOG_FORMAT="json"``
+    as JSON objects (the sentence and its fields).
     """
+
+    as_json = app_settings.LOG_FORMAT == "json"
 
     def report(line: str, normal: bool) -> None:
         if shown_by_logging(logger, logging.INFO if normal else logging.WARNING):
             return
+        printed = line.as_json() if as_json and isinstance(line, Line) else line
         if not normal:
-            command.stderr.write(line)
+            command.stderr.write(printed)
         elif verbosity >= 1 and (skips or verbosity >= 2 or not line.startswith("skipped ")):
-            command.stdout.write(line)
+            command.stdout.write(printed)
 
     return report

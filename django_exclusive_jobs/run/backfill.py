@@ -20,8 +20,9 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .. import logs
 from ..conf import app_settings
 from ..lock.clock import database_now
 from ..lock.durations import parse_duration
@@ -192,12 +193,10 @@ def run_slots(
         if current:
             current[0].on_signal(signum)
 
-    def say(line: str, normal: bool = True) -> None:
-        logger.log(logging.INFO if normal else logging.WARNING, line)
-        if report is not None:
-            report(line, normal)
+    def say(text: str, normal: bool = True, **fields: Any) -> None:
+        logs.say(report, logs.line("backfill", text, job_name=job.name, **fields), normal=normal)
 
-    say(backfill.describe())
+    say(backfill.describe(), status="planned", slots=backfill.slots)
     with stop_on_signals(on_signal):
         for index, slot in enumerate(backfill.slots):
             if received:
@@ -226,8 +225,8 @@ def run_slots(
         done.stopped = f"backfill of {job.name} stopped by signal {done.signum}"
     if done.stopped:
         rerun = f"; run it again with --from {done.not_run[0].isoformat()}" if done.not_run else ""
-        say(done.stopped + rerun, False)
-    say(done.summary(), done.exit_code == EXIT_OK)
+        say(done.stopped + rerun, False, status="stopped")
+    say(done.summary(), done.exit_code == EXIT_OK, status="done")
     return done
 
 

@@ -16,6 +16,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from ..lock.lock import Lock
+from ..logs import extra
 from .shutdown import Interrupted, TimedOut
 
 logger = logging.getLogger("django_exclusive_jobs")
@@ -59,7 +60,10 @@ class ChildProgram:
                     sent = self._stop_sent_at
                 if sent is not None and time.monotonic() - sent > self.grace:
                     logger.warning(
-                        "child of %s ignored SIGTERM for %ss: killing it", lock.name, self.grace
+                        "child of %s ignored SIGTERM for %ss: killing it",
+                        lock.name,
+                        self.grace,
+                        extra=extra("stopping", lock=lock.name, token=lock.token),
                     )
                     self._signal_group(signal.SIGKILL)
         if self.timed_out is not None:
@@ -92,5 +96,9 @@ class ChildProgram:
         self.stop(signal.SIGTERM)
 
     def on_lost(self, lock: Lock) -> None:
-        logger.warning("lock %s lost: stopping its child process", lock.name)
+        logger.warning(
+            "lock %s lost: stopping its child process",
+            lock.name,
+            extra=extra("stopping", lock=lock.name, token=lock.token, status="lost"),
+        )
         self.stop(signal.SIGTERM)

@@ -24,6 +24,7 @@ from ..lock.errors import JobLockError, LockDatabaseError, LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
+from ..logs import extra
 from . import catchup
 from .catchup import CatchUp
 from .retries import Retries
@@ -278,6 +279,7 @@ def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:
             latest.slot.isoformat() if latest.slot else "?",
             current.isoformat(),
             latest.attempt,
+            extra=extra("retry_given_up", job_name=latest.name, slot=latest.slot),
         )
 
 
@@ -403,7 +405,10 @@ def close_abandoned(
     )
     if closed:
         logger.warning(
-            "%s: %s earlier run(s) still marked running lost the lock; marked lost", name, closed
+            "%s: %s earlier run(s) still marked running lost the lock; marked lost",
+            name,
+            closed,
+            extra=extra("lost", job_name=name, token=lock.token),
         )
     if closed and retry is not None and retry.count and lock.acquired_at is not None:
         _retry_lost(lock, name, retry, lock.acquired_at, reason)
@@ -446,7 +451,10 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
         ),
     )
     logger.warning(
-        "%s: %s run(s) of other slots lost their slot's lock: marked lost", name, len(lost)
+        "%s: %s run(s) of other slots lost their slot's lock: marked lost",
+        name,
+        len(lost),
+        extra=extra("lost", job_name=name),
     )
 
 
@@ -507,7 +515,13 @@ def record_end(
         write(values)
     except LockDatabaseError as exc:
         if not _unreachable(exc):  # refused for good (bad data, say): retrying cannot help
-            logger.error("could not record the end of run %s of %s: %s", run_id, lock.name, exc)
+            logger.error(
+                "could not record the end of run %s of %s: %s",
+                run_id,
+                lock.name,
+                exc,
+                extra=extra("unrecorded", lock=lock.name, token=lock.token, status="refused"),
+            )
             return None
         logger.warning(
             "could not record the end of run %s of %s (written when the database answers "
@@ -515,6 +529,7 @@ def record_end(
             run_id,
             lock.name,
             exc,
+            extra=extra("unrecorded", lock=lock.name, token=lock.token, status="later"),
         )
         later = {**values, "finished_at": F("started_at") + dt.timedelta(seconds=duration)}
 
@@ -525,12 +540,21 @@ def record_end(
                 if _unreachable(again):
                     raise  # still down: tried again at the next probe
                 logger.error(
-                    "could not record the end of run %s of %s: %s", run_id, lock.name, again
+                    "could not record the end of run %s of %s: %s",
+                    run_id,
+                    lock.name,
+                    again,
+                    extra=extra("unrecorded", lock=lock.name, token=lock.token, status="refused"),
                 )
 
         return write_later
     except JobLockError:
-        logger.exception("could not record the end of run %s of %s", run_id, lock.name)
+        logger.exception(
+            "could not record the end of run %s of %s",
+            run_id,
+            lock.name,
+            extra=extra("unrecorded", lock=lock.name, token=lock.token, status="refused"),
+        )
     return None
 
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .. import signals
+from .. import logs, signals
 from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
 from ..lock.clock import DatabaseClock, database_now
@@ -28,6 +28,7 @@ from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.sql import holder_name
 from ..lock.validation import resolve_alias
+from ..logs import line
 from . import history, slot_locks
 from .child import ChildExit
 from .registry import Job
@@ -124,12 +125,15 @@ class Run:
         jitter: bool = False,
         target: Callable[[Lock], Any] | None = None,
         on_stop: Callable[[int], None] | None = None,
+        context: dict[str, Any] | None = None,
     ) -> None:
         #: The job and its settings.
         self.job = job
         self.name = job.name
-        # Called with each decision line and whether it is the normal path (True) or not.
+        # Called with each decision line and whether it is the normal path (True) or not;
+        # each line also carries the fields of ``context`` (the scheduler's name).
         self.report = report
+        self.context = context or {}
         # Called (from keep-alive's thread) when the lock is found lost mid-run.
         self.on_lost = on_lost
         # Why it runs: its schedule (default), a run asked for now (``request``: from the
@@ -377,7 +381,9 @@ class Run:
                     asked = control.find_stop(self.name, token=lock.token, using=lock.using)
                     if asked and control.take(asked, by=lock.holder, using=lock.using):
                         self.cancelled_by = asked.requested_by
-                        self._say(f"stopping {self.name}: {asked.requested_by} runs a newer slot")
+                        by = asked.requested_by
+                        said = f"stopping {self.name}: {by} runs a newer slot"
+                        self._say(line("stopping", said, job_name=self.name, token=lock.token))
                         os.kill(os.getpid(), signal.SIGTERM)  # stops it as a SIGTERM does
                         return
         finally:
@@ -401,11 +407,13 @@ class Run:
             return
         try:
             if self.job.is_async:
-                line = f"{self.name} passed its timeout: ending the process"
+                text = f"{self.name} passed its timeout: ending the process"
             else:
-                line = f"{self.name} did not stop within {self.grace:g}s of its timeout"
-                line += ": ending the process"
-            self._say(line, normal=False)
+                text = f"{self.name} did not stop within {self.grace:g}s of its timeout"
+                text += ": ending the process"
+            self._say(
+                logs.line("stopping", text, job_name=self.name, status="timed_out"), normal=False
+            )
             result = self.begin(self.lock)
             self.record(result, TimedOut(limit))
             self.finish(result)
@@ -468,7 +476,19 @@ class Run:
         try:
             slot = f" slot={self.slot.isoformat()}" if self.slot else ""
             own = f" lock={lock.name}" if lock.name != self.name else ""  # allow_all's
-            self._say(f"acquired {self.name} token={lock.token} holder={lock.holder}{slot}{own}")
+            said = f"acquired {self.name} token={lock.token} holder={lock.holder}{slot}{own}"
+            self._say(
+                line(
+                    "acquired",
+                    said,
+                    job_name=self.name,
+                    token=lock.token,
+                    holder=lock.holder,
+                    slot=self.slot,
+                    attempt=self.attempt,
+                    lock=lock.name if own else None,
+                )
+            )
             signals.lock_lost.connect(self._lost_receiver, sender=Lock)
             signals.job_started.send(sender=self.name, name=self.name, lock=lock)
         except BaseException as exc:
@@ -535,11 +555,12 @@ class Run:
             return None
         me = holder_name(process.host, process.pid, process.instance)
         if control.ask_to_stop(self.name, token=held.token, by=me, using=using):
-            self._say(
+            said = (
                 f"cancelling {self.name}: asked its run token={held.token} by {held.holder} to "
-                f"stop, for slot {slot.isoformat()} (overlap=cancel_other)",
-                normal=False,
+                f"stop, for slot {slot.isoformat()} (overlap=cancel_other)"
             )
+            fields = {"token": held.token, "holder": held.holder, "slot": slot}
+            self._say(line("cancelling", said, job_name=self.name, **fields), normal=False)
         self.stop_asked = True
         if self.cancel_wait <= 0:
             return None
@@ -562,7 +583,12 @@ class Run:
             result.status = RunStatus.LOST
         elif isinstance(exc, Exception):
             result.status = RunStatus.FAILED
-            logger.error("job %s failed", self.name, exc_info=exc)
+            logger.error(
+                "job %s failed",
+                self.name,
+                exc_info=exc,
+                extra=logs.extra("finished", job_name=self.name, status="failed"),
+            )
         else:  # KeyboardInterrupt, CancelledError, SystemExit
             result.status = RunStatus.INTERRUPTED
         result.exception = exc
@@ -594,6 +620,7 @@ class Run:
                 lock.token,
                 lock.ttl,
                 exc,
+                extra=logs.extra("unrecorded", job_name=self.name, token=lock.token),
             )
         # Checked after release(): that is where a lock force-released mid-run is found.
         if lock.lost and result.status != RunStatus.INTERRUPTED:
@@ -712,10 +739,11 @@ class Run:
         start = self.job.start_of(slot)
         if clock.seconds_until(start) <= 0:
             return None
-        self._say(
+        said = (
             f"waiting for {self.name}: slot={slot.isoformat()} starts at "
             f"{start.isoformat(timespec='milliseconds')} (jitter)"
         )
+        self._say(line("waiting", said, job_name=self.name, slot=slot, until=start))
         while self.pending_signal is None and (left := clock.seconds_until(start)) > 0:
             time.sleep(min(left, JITTER_TICK))
         if self.pending_signal is not None:
@@ -745,10 +773,8 @@ class Run:
             return
         first, last = missed[0].isoformat(), missed[-1].isoformat()
         span = first if len(missed) == 1 else f"{first} .. {last}"
-        self._say(
-            f"missed {self.name}: {len(missed)} slot(s) no server ran, {span}; recorded",
-            normal=False,
-        )
+        said = f"missed {self.name}: {len(missed)} slot(s) no server ran, {span}; recorded"
+        self._say(line("missed", said, job_name=self.name, slots=missed), normal=False)
         for slot in missed:
             # Robust: the rows are written; a receiver that raises must not undo the run.
             answers = signals.slot_missed.send_robust(
@@ -756,20 +782,27 @@ class Run:
             )
             for receiver, answer in answers:
                 if isinstance(answer, Exception):
-                    logger.error("slot_missed receiver %r raised", receiver, exc_info=answer)
+                    logger.error(
+                        "slot_missed receiver %r raised",
+                        receiver,
+                        exc_info=answer,
+                        extra=logs.extra("missed", job_name=self.name, slot=slot),
+                    )
 
     def _say_skipped(self, skipped: list[dt.datetime]) -> None:
         """One line for the slots that came during the previous run and were skipped."""
         if skipped:
             first, last = skipped[0].isoformat(), skipped[-1].isoformat()
             span = first if len(skipped) == 1 else f"{first} .. {last}"
-            self._say(
+            said = (
                 f"skipped {self.name}: {len(skipped)} slot(s) came while its previous run "
                 f"still ran (overlap={self.job.overlap}), {span}; recorded"
             )
+            self._say(line("overlapped", said, job_name=self.name, slots=skipped))
 
     def _skipped(self, why: str, holder: str, until: dt.datetime | None) -> RunResult:
-        self._say(f"skipped {self.name}: {why}")
+        fields = {"holder": holder or None, "until": until, "slot": self.slot}
+        self._say(line("skipped", f"skipped {self.name}: {why}", job_name=self.name, **fields))
         extra = {"slot": self.slot} if self.slot is not None else {}
         signals.job_skipped.send(
             sender=self.name, name=self.name, holder=holder, expires_at=until, **extra
@@ -778,11 +811,11 @@ class Run:
             self.name, RunStatus.SKIPPED, holder=holder, held_until=until, retry_at=self.retry_at
         )
 
-    def _say(self, line: str, *, normal: bool = True) -> None:
+    def _say(self, said: logs.Line, *, normal: bool = True) -> None:
         """One line per decision: to the log, and to ``report`` (the command's output)."""
-        logger.log(logging.INFO if normal else logging.WARNING, line)
-        if self.report is not None:
-            self.report(line, normal)
+        for key, value in self.context.items():
+            said.fields.setdefault(key, value)
+        logs.say(self.report, said, normal=normal)
 
     def _say_finished(self, lock: Lock, result: RunResult) -> None:
         detail = ""
@@ -798,9 +831,21 @@ class Run:
             # "attempt 1 of 3 failed; retry at T" (a backfill's attempts are not counted)
             ended = self.job.retry.describe(result.attempt, result.status.value, result.retry_at)
             detail += f" ({ended})"
-        self._say(
+        said = (
             f"finished {self.name} status={result.status.value} "
-            f"duration={result.duration:.3f}s token={lock.token}{detail}",
+            f"duration={result.duration:.3f}s token={lock.token}{detail}"
+        )
+        fields = {
+            "status": result.status.value,
+            "duration": result.duration,
+            "token": lock.token,
+            "slot": self.slot,
+            "attempt": result.attempt,
+            "retry_at": result.retry_at,
+            "error": history.error_type(result.exception) if result.exception else None,
+        }
+        self._say(
+            line("finished", said, job_name=self.name, **fields),
             normal=result.status in (RunStatus.SUCCEEDED, RunStatus.ENQUEUED),
         )
         signals.job_finished.send(
@@ -879,7 +924,8 @@ def _wait_for_retry(run: Run, retry_at: dt.datetime, received: list[int]) -> boo
     assert run.lock is not None
     clock = DatabaseClock(run.lock.using)
     run_statement(run.lock.using, clock.sync)
-    run._say(f"waiting for the retry of {run.name} at {retry_at.isoformat(timespec='seconds')}")
+    said = f"waiting for the retry of {run.name} at {retry_at.isoformat(timespec='seconds')}"
+    run._say(line("waiting", said, job_name=run.name, slot=run.slot, retry_at=retry_at))
     while not received:
         left = clock.seconds_until(retry_at)
         if left <= 0:

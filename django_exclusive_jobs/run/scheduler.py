@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
+from .. import logs
 from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseClock
 from ..lock.errors import JobLockError, LockDatabaseError
-from ..lock.lock import Lock
+from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
+from ..logs import Line, line
 from . import control
 from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
@@ -67,7 +69,7 @@ class Outage:
     "now + backoff": a start is always at a slot's time (or a failed slot's ``retry_at``).
     """
 
-    def __init__(self, say: Callable[[str, bool], None]) -> None:
+    def __init__(self, say: Callable[[Line, bool], None]) -> None:
         self.say = say
         self.since: float | None = None
         self.failures = 0
@@ -76,7 +78,8 @@ class Outage:
         """Note a failure; how long to wait before the next try."""
         if self.since is None:
             self.since = time.monotonic()
-            self.say(f"database unreachable, retrying with backoff: {exc}", False)
+            said = f"database unreachable, retrying with backoff: {exc}"
+            self.say(line("database", said, status="down", error=type(exc).__name__), False)
         self.failures += 1
         return float(min(PROBE_EVERY, 0.25 * 2 ** min(self.failures - 1, 10)))
 
@@ -86,7 +89,9 @@ class Outage:
 
     def ended(self) -> None:
         if self.since is not None:
-            self.say(f"database reachable again after {time.monotonic() - self.since:.1f}s", False)
+            down = time.monotonic() - self.since
+            said = f"database reachable again after {down:.1f}s"
+            self.say(line("database", said, status="up", duration=down), False)
         self.since, self.failures = None, 0
 
 
@@ -128,6 +133,7 @@ class Scheduler:
         self.clock = DatabaseClock(using)
         # Every job it serves, with a schedule or only on request ("run now").
         self.heartbeat = Heartbeat(using, sorted(set(self.jobs) | set(self.on_request)))
+        self.name = f"{process.host}:{process.pid}"  # as its heartbeat row names it
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
         # The runs started here, by the name of their lock: the job's, so a job runs once
@@ -202,10 +208,11 @@ class Scheduler:
             self.began = True
             self.next_beat = time.monotonic() + _beat_seconds()
             warm_up()
-            self.say(
+            said = (
                 f"scheduler started: {len(self.jobs)} job(s), max {self.max_concurrent} at "
                 f"once; the database's clock is {self.clock.offset:+.3f}s from this server's"
             )
+            self.say(line("scheduler", said, status="started"))
             return
 
     def _first_due(self) -> None:
@@ -353,9 +360,8 @@ class Scheduler:
         if run.slot is None or run.slot >= slot or run.lock is None:
             return
         run.cancelled_by = run.lock.holder
-        self.say(
-            f"stopping {job.name}: slot {slot.isoformat()} is due (overlap=cancel_other)", False
-        )
+        said = f"stopping {job.name}: slot {slot.isoformat()} is due (overlap=cancel_other)"
+        self.say(line("stopping", said, job_name=job.name, slot=slot, token=run.lock.token), False)
         active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
 
     def _stop_asked(self, request: RunRequest) -> None:
@@ -372,7 +378,8 @@ class Scheduler:
             return
         if taken:
             active.run.cancelled_by = request.requested_by
-            self.say(f"stopping {request.name}: {request.requested_by} runs a newer slot", False)
+            said = f"stopping {request.name}: {request.requested_by} runs a newer slot"
+            self.say(line("stopping", said, job_name=request.name, token=lock.token), False)
             active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
 
     # --- one start ----------------------------------------------------------------------
@@ -386,7 +393,8 @@ class Scheduler:
         try:
             self._start_one(job, due, request)
         except Exception as exc:
-            self.say(f"{job.name} not started: {type(exc).__name__}: {exc}", False)
+            said = f"{job.name} not started: {type(exc).__name__}: {exc}"
+            self.say(line("not_started", said, job_name=job.name, error=type(exc).__name__), False)
             self._next(job, request, self._following(job, max(self.clock.now(), due)))
         finally:
             self.starting = None
@@ -404,6 +412,7 @@ class Scheduler:
             not_before=due if request is None else None,
             # cancel_other: ask an older slot's run to stop, but wait for it here.
             cancel_wait=0.0 if request is None else None,
+            context={"scheduler": self.name},
         )
         self.starting = run
         try:
@@ -412,7 +421,8 @@ class Scheduler:
             self._database_down(exc)  # still due: started once the database answers
             return
         except JobLockError as exc:
-            self.say(f"{job.name} not started: {exc}", False)
+            said = f"{job.name} not started: {exc}"
+            self.say(line("not_started", said, job_name=job.name, error=type(exc).__name__), False)
             self._next(job, request, self._following(job, due))
             return
         self.outage.ended()
@@ -486,7 +496,9 @@ class Scheduler:
                 try:
                     self._finish(active, outcome)
                 except Exception as exc:  # a job_finished receiver that raises, say
-                    self.say(f"{name}: finishing its run failed: {exc}", False)
+                    said = f"{name}: finishing its run failed: {exc}"
+                    fields = {"job_name": active.job.name, "error": type(exc).__name__}
+                    self.say(line("unrecorded", said, **fields), False)
 
     def _finish(self, active: Active, outcome: Outcome) -> None:
         """Release, record and report a run whose child exited, as run_exclusive would."""
@@ -511,11 +523,11 @@ class Scheduler:
     def _shut_down(self) -> None:
         """Let running jobs end within the grace, then stop them; mark this scheduler gone."""
         if self.running:
-            self.say(
+            said = (
                 f"stopping: waiting up to {self.grace:g}s for {len(self.running)} running "
-                f"job(s): {', '.join(sorted(self.running))}",
-                False,
+                f"job(s): {', '.join(sorted(self.running))}"
             )
+            self.say(line("scheduler", said, status="stopping"), False)
         deadline = time.monotonic() + self.grace
         while self.running and time.monotonic() < deadline and self.stops < 2:
             self._wait(min(1.0, deadline - time.monotonic()))
@@ -529,20 +541,22 @@ class Scheduler:
         try:
             self._write_unwritten_ends()
         except LockDatabaseError as exc:
-            self.say(f"could not record the end of {len(self.unwritten)} run(s): {exc}", False)
+            said = f"could not record the end of {len(self.unwritten)} run(s): {exc}"
+            self.say(line("unrecorded", said, error=type(exc).__name__), False)
         try:
             if self.began:  # a scheduler that never reached the database has no row
                 self.heartbeat.stopped()
         except LockDatabaseError as exc:
-            self.say(f"could not mark this scheduler stopped: {exc}", False)
+            said = f"could not mark this scheduler stopped: {exc}"
+            self.say(line("scheduler", said, status="stopped", error=type(exc).__name__), False)
         shut_down()
-        self.say("scheduler stopped")
+        self.say(line("scheduler", "scheduler stopped", status="stopped"))
 
-    def say(self, line: str, normal: bool = True) -> None:
-        """One line: to the log, and to ``report`` (the command's output)."""
-        logger.log(logging.INFO if normal else logging.WARNING, line)
-        if self.report is not None:
-            self.report(line, normal)
+    def say(self, said: Line, normal: bool = True) -> None:
+        """One line: to the log, and to ``report`` (the command's output), naming this
+        scheduler."""
+        said.fields.setdefault("scheduler", self.name)
+        logs.say(self.report, said, normal=normal)
 
 
 def _beat_seconds() -> float:
