@@ -33,7 +33,6 @@ try:
         HistogramMetricFamily,
         Metric,
     )
-    from prometheus_client.utils import floatToGoString
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImproperlyConfigured(
         "The metrics of django-exclusive-jobs need prometheus-client: "
@@ -60,11 +59,8 @@ logger = logging.getLogger("django_exclusive_jobs")
 PREFIX = "exclusive_jobs"
 # How a run ended: the statuses of runs_total (missed and skipped slots have counters of
 # their own: they are slots nobody ran, not runs; running is no end).
-ENDS = [
-    s
-    for s in RunStatus.values
-    if s not in (RunStatus.RUNNING, RunStatus.MISSED, RunStatus.SKIPPED)
-]
+NOT_ENDS = (RunStatus.RUNNING, RunStatus.MISSED, RunStatus.SKIPPED)
+ENDS = [status for status in RunStatus.values if status not in NOT_ENDS]
 # Each problem kind of the health checks, as a label value.
 PROBLEMS = {kind: kind.value.replace(" ", "_") for kind in Health}
 
@@ -86,7 +82,7 @@ class Histogram:
         out, running = [], 0
         for key in [*keys, INF]:
             running += counts[key]
-            out.append((key if key == INF else floatToGoString(float(key)), float(running)))
+            out.append((key, float(running)))
         return out
 
 
@@ -154,7 +150,9 @@ def _families(jobs: Overview, totals: Totals) -> list[Metric]:
     label = ["job_name"]
 
     def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-        return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=label if labels is None else labels)
+        return GaugeMetricFamily(
+            f"{PREFIX}_{name}", doc, labels=label if labels is None else labels
+        )
 
     runs = CounterMetricFamily(
         f"{PREFIX}_runs", "Runs that ended, by how they ended.", labels=["job_name", "status"]

@@ -29,7 +29,7 @@ from django.db.models import (
     When,
     Window,
 )
-from django.db.models.functions import Cast, RowNumber
+from django.db.models.functions import RowNumber
 from django.db.models.lookups import LessThanOrEqual
 from django.utils.translation import gettext_lazy as _
 
@@ -48,8 +48,9 @@ INF = "+Inf"
 
 
 def bucket_key(bound: float) -> str:
-    """A bucket's upper bound as stored and exposed: ``0.5``, ``60``."""
-    return f"{bound:g}"
+    """A bucket's upper bound as stored and exposed (as prometheus-client writes it):
+    ``0.5``, ``60.0``."""
+    return repr(float(bound))
 
 
 class JobNameField(models.CharField):  # type: ignore[type-arg]

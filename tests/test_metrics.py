@@ -42,7 +42,9 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 def scrape(alias: str, **headers: str) -> Any:
     with override_settings(EXCLUSIVE_JOBS={"HEALTH_TOKEN": TOKEN, "DATABASE": alias}):
-        return Client().get("/jobs/metrics", headers={"Authorization": f"Bearer {TOKEN}", **headers})
+        return Client().get(
+            "/jobs/metrics", headers={"Authorization": f"Bearer {TOKEN}", **headers}
+        )
 
 
 def parsed(alias: str) -> tuple[dict[str, str], Samples]:
@@ -143,7 +145,9 @@ def test_a_scrape_shows_each_job_and_scheduler_as_the_database_has_them(
     assert value(samples, "exclusive_jobs_problem", job_name=JOB, problem="stale_lock") == 0
     assert value(samples, "exclusive_jobs_scheduler_alive", scheduler="web-1:7") == 1
     assert value(samples, "exclusive_jobs_scheduler_alive", scheduler="web-2:9") == 0
-    beat = value(samples, "exclusive_jobs_scheduler_last_heartbeat_timestamp_seconds", scheduler="web-2:9")
+    beat = value(
+        samples, "exclusive_jobs_scheduler_last_heartbeat_timestamp_seconds", scheduler="web-2:9"
+    )
     assert beat == pytest.approx(gone.timestamp(), abs=0.01)
     assert value(samples, "exclusive_jobs_schedulers_alive") == 1
     assert value(samples, "exclusive_jobs_database_up") == 1
@@ -156,13 +160,23 @@ def test_a_scrape_shows_each_job_and_scheduler_as_the_database_has_them(
     assert types["exclusive_jobs_lock_held"] == "gauge"
     for name, labels in samples:
         assert name.startswith("exclusive_jobs_")
-        assert {label for label, _ in labels} <= {"job_name", "status", "problem", "scheduler", "le"}
+        assert {label for label, _ in labels} <= {
+            "job_name",
+            "status",
+            "problem",
+            "scheduler",
+            "le",
+        }
 
 
 def test_counters_and_histograms_do_not_go_down_when_history_is_pruned(alias: str) -> None:
     now = database_now(alias)
     runs = JobRun.objects.using(alias)
-    for days, status, duration in [(40, "succeeded", 2.0), (39, "failed", 700.0), (38, "succeeded", 0.1)]:
+    for days, status, duration in [
+        (40, "succeeded", 2.0),
+        (39, "failed", 700.0),
+        (38, "succeeded", 0.1),
+    ]:
         start = now - dt.timedelta(days=days)
         runs.create(
             name="quick",
@@ -211,6 +225,31 @@ def test_a_second_prune_of_the_same_runs_adds_nothing(alias: str) -> None:
     assert (total.name, total.status, total.count) == ("quick", "failed", 3)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_runs_deleted_in_the_admin_still_count() -> None:
+    from django.urls import reverse
+
+    from .test_admin import client_for, make_user
+
+    now = database_now("default")
+    ids = [
+        JobRun.objects.create(name="quick", status="failed", started_at=now, finished_at=now).pk
+        for _ in range(2)
+    ]
+    _, before = parsed("default")
+    admin = client_for(make_user("admin", perms=("view_jobrun", "delete_jobrun")))
+    changelist = reverse("admin:django_exclusive_jobs_jobrun_changelist")
+    answer = admin.post(
+        changelist,
+        {"action": "delete_selected", "_selected_action": ids, "post": "yes"},
+    )
+    assert answer.status_code == 302
+    assert not JobRun.objects.exists()
+    _, after = parsed("default")
+    assert counted(after) == counted(before)
+    assert value(after, "exclusive_jobs_runs_total", job_name="quick", status="failed") == 2
+
+
 def counted(samples: Samples) -> Samples:
     """The counters, the histograms and the last ends (the rest moves with time)."""
     kinds = ("_total", "_bucket", "_count", "_sum", "_timestamp_seconds")
@@ -224,6 +263,10 @@ def counted(samples: Samples) -> Samples:
 def count_queries(alias: str) -> tuple[int, list[Any]]:
     with CaptureQueriesContext(connections[alias]) as queries:
         families = metric_families(alias)
+    slowest = sorted(queries.captured_queries, key=lambda q: -float(q["time"]))[:2]
+    logging.getLogger(__name__).warning(
+        "slowest: %s", [(q["time"], q["sql"][:80]) for q in slowest]
+    )
     return len(queries), families
 
 
@@ -349,4 +392,3 @@ def test_the_collector_in_a_projects_registry_says_database_down_in_one_line(
     ours = [r for r in caplog.records if r.name == "django_exclusive_jobs"]
     assert len(ours) == 1 and "\n" not in ours[0].getMessage()
     assert ours[0].getMessage().startswith("exclusive_jobs metrics: the database could not be read")
-

@@ -12,7 +12,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, FloatField, Func, Value
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    FloatField,
+    Func,
+    Value,
+)
 from django.db.models.expressions import Combinable
 from django.db.models.functions import Now
 
