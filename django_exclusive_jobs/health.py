@@ -90,6 +90,7 @@ class JobHealth:
     requests: list[RunRequest] = field(default_factory=list)  # run now / backfill, waiting
     badge: str = Health.OK
     problems: list[str] = field(default_factory=list)
+    kinds: list[Health] = field(default_factory=list)  # each problem's kind, in order
 
     @property
     def served(self) -> bool:
@@ -372,6 +373,7 @@ def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedul
             )
         )
     health.problems = [f"{kind}: {text}" for kind, text in found]
+    health.kinds = [kind for kind, _ in found]
     if health.paused:
         health.badge = Health.PAUSED
     elif found:

@@ -15,16 +15,42 @@ from collections import defaultdict
 from typing import Any, ClassVar
 
 from django.db import models
-from django.db.models import Case, Count, Exists, F, OuterRef, Q, Subquery, Value, When, Window
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    Max,
+    OuterRef,
+    Q,
+    Subquery,
+    Sum,
+    Value,
+    When,
+    Window,
+)
 from django.db.models.functions import RowNumber
+from django.db.models.lookups import LessThanOrEqual
 from django.utils.translation import gettext_lazy as _
 
-from .lock.clock import DatabaseNow, now_plus
+from .lock.clock import DatabaseNow, SecondsBetween, now_plus
 from .lock.sql import holder_name
 from .run.status import RunStatus
 
 MEDIAN_SAMPLE = 20  # successful runs a job's median duration is taken over
 MEDIAN_DAYS = dt.timedelta(days=7)  # ... among those of the last week
+
+# The histograms' upper bounds, in seconds (the metrics): a run's duration, and how long
+# after its slot a scheduled slot's first attempt started (jitter included).
+DURATION_BUCKETS = (0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
+LATENESS_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+INF = "+Inf"
+
+
+def bucket_key(bound: float) -> str:
+    """A bucket's upper bound as stored and exposed (as prometheus-client writes it):
+    ``0.5``, ``60.0``."""
+    return repr(float(bound))
 
 
 class JobNameField(models.CharField):  # type: ignore[type-arg]
@@ -255,6 +281,40 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
             counts[name][status] = number
         return counts
 
+    def tallies(self, *more: models.QuerySet[Any]) -> models.QuerySet[Any]:
+        """The one definition of what the metrics count: one pass over the rows, grouped
+        by ``job``, ``state`` (a status), ``duration_le`` and ``lateness_le`` (the
+        histogram bucket the run's duration, and its start's lateness, fall in: an upper
+        bound, ``+Inf``, or "" when not measured), with ``n`` (how many runs),
+        ``duration_sum``, ``lateness_sum`` (seconds) and ``last`` (the newest
+        ``finished_at``). Lateness is measured on the first attempt of a scheduled slot
+        that ran (no retry, backfill, missed or skipped slot). ``more``: querysets of the
+        same columns, read in the same statement (:meth:`RunTotalQuerySet.tallies`)."""
+        first_attempt = Q(slot__isnull=False, attempt=1, backfill=False) & ~Q(
+            status__in=[RunStatus.MISSED, RunStatus.SKIPPED]
+        )
+        late = SecondsBetween("slot", "started_at")
+        measured = When(first_attempt, then=_bucket(late, LATENESS_BUCKETS))
+        tallies = (
+            self.order_by()
+            .values(
+                job=F("name"),
+                state=F("status"),
+                duration_le=Case(
+                    When(duration__isnull=True, then=Value("")),
+                    default=_bucket(F("duration"), DURATION_BUCKETS),
+                ),
+                lateness_le=Case(measured, default=Value(""), output_field=models.CharField()),
+            )
+            .annotate(
+                n=Count("id"),
+                duration_sum=Sum("duration"),
+                lateness_sum=Sum(late, filter=first_attempt),
+                last=Max("finished_at"),
+            )
+        )
+        return tallies.union(*more, all=True) if more else tallies
+
     def newest_attempts(self, names: list[str]) -> list[JobRun]:
         """Each job's newest attempt of its newest slot (one query): what a scheduler
         starting up needs to know, a missed slot or a retry it may be due for."""
@@ -291,6 +351,13 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         return (
             self.finished().filter(finished_at__lt=cutoff).exclude(id__in=sorted(self.kept_ids()))
         )
+
+
+def _bucket(seconds: Any, bounds: tuple[float, ...]) -> Case:
+    """The (non-cumulative) bucket ``seconds`` falls in: the first bound it does not
+    exceed, else ``+Inf``."""
+    whens = [When(LessThanOrEqual(seconds, Value(b)), then=Value(bucket_key(b))) for b in bounds]
+    return Case(*whens, default=Value(INF), output_field=models.CharField())
 
 
 class JobRun(models.Model):
@@ -382,6 +449,62 @@ class JobRun(models.Model):
     def holder(self) -> str:
         """The lock holder that made the run: ``host:pid:instance``."""
         return holder_name(self.host, self.pid, self.instance)
+
+
+class RunTotalQuerySet(models.QuerySet["RunTotal"]):
+    def tallies(self) -> models.QuerySet[Any]:
+        """These totals in the columns of :meth:`JobRunQuerySet.tallies`."""
+        return self.order_by().values(
+            job=F("name"),
+            state=F("status"),
+            duration_le=F("duration_bucket"),
+            lateness_le=F("lateness_bucket"),
+            n=F("count"),
+            duration_sum=F("duration_seconds"),
+            lateness_sum=F("lateness_seconds"),
+            last=F("last_finished_at"),
+        )
+
+
+class RunTotal(models.Model):
+    """What pruning deleted, summed: runs that are gone still count in the metrics, whose
+    counters and histograms are these totals plus the rows still kept (so they never go
+    down). One row per row of :meth:`JobRunQuerySet.tallies` (job, status and buckets);
+    written only when runs are deleted (``prune_job_runs``, the admin), never by a run."""
+
+    name = JobNameField(_("job"), max_length=255)
+    status = models.CharField(_("status"), max_length=16)
+    duration_bucket = models.CharField(
+        _("duration bucket"),
+        max_length=16,
+        blank=True,
+        help_text=_("The upper bound of the runs' duration; empty: not measured."),
+    )
+    lateness_bucket = models.CharField(
+        _("lateness bucket"),
+        max_length=16,
+        blank=True,
+        help_text=_("The upper bound of how late they started; empty: not measured."),
+    )
+    count = models.BigIntegerField(_("runs"), default=0)
+    duration_seconds = models.FloatField(_("duration (s)"), default=0.0)
+    lateness_seconds = models.FloatField(_("lateness (s)"), default=0.0)
+    last_finished_at = models.DateTimeField(_("last finished at"), null=True, blank=True)
+
+    objects: ClassVar[RunTotalQuerySet] = RunTotalQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        verbose_name = _("run total")
+        verbose_name_plural = _("run totals")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name", "status", "duration_bucket", "lateness_bucket"],
+                name="exclusive_jobs_one_total",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.status}"
 
 
 class SchedulerState(models.TextChoices):

@@ -1,8 +1,8 @@
-"""The optional health view: every job's health as JSON; HTTP 200 when all is well, 503
-when anything is wrong (or the database cannot be read).
+"""The optional views: every job's health as JSON (HTTP 200 when all is well, 503 when
+anything is wrong or the database cannot be read), and the Prometheus metrics.
 
-Off by default: it answers only where a project routes it. It lets in staff users who
-may view jobs, or a monitor that sends ``Authorization: Bearer <HEALTH_TOKEN>`` when
+Off by default: they answer only where a project routes them. They let in staff users
+who may view jobs, or a monitor that sends ``Authorization: Bearer <HEALTH_TOKEN>`` when
 ``EXCLUSIVE_JOBS["HEALTH_TOKEN"]`` is set; everyone else gets 403.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 
 from .conf import app_settings
@@ -22,7 +22,7 @@ from .lock.validation import resolve_alias
 
 @never_cache
 def health(request: HttpRequest) -> JsonResponse:
-    if not _allowed(request):
+    if not allowed(request):
         return JsonResponse({"error": "forbidden"}, status=403)
     try:
         using = resolve_alias(None)
@@ -32,7 +32,32 @@ def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse(jobs.as_dict(), status=503 if jobs.problems else 200)
 
 
-def _allowed(request: HttpRequest) -> bool:
+@never_cache
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Every job's and scheduler's metrics in Prometheus' text format (OpenMetrics when
+    the scraper asks for it); 503 and one line when the database cannot be read."""
+    # Imported here: a project that does not route this view needs no prometheus-client
+    # (without it, .metrics raises ImproperlyConfigured saying what to install).
+    from .metrics import Families, metric_families  # noqa: I001
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import choose_encoder
+
+    if not allowed(request):
+        return HttpResponse("forbidden\n", status=403, content_type="text/plain")
+    try:
+        families = metric_families()
+    except JobLockError as exc:
+        return HttpResponse(f"database: {exc}\n", status=503, content_type="text/plain")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families(families))
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encode(registry), content_type=content_type)
+
+
+def allowed(request: HttpRequest) -> bool:
+    """A monitor with the ``HEALTH_TOKEN`` as its Bearer token, or an active staff user
+    who may view jobs: the access rule of every view here."""
     token = app_settings.HEALTH_TOKEN
     sent = request.headers.get("Authorization", "")
     if token and sent.startswith("Bearer "):

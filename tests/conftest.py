@@ -39,9 +39,16 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
 def clean_tables(alias: str) -> None:
     from django_tasks_db.models import DBTaskResult
 
-    from django_exclusive_jobs.models import JobLock, JobRun, JobState, RunRequest, Scheduler
+    from django_exclusive_jobs.models import (
+        JobLock,
+        JobRun,
+        JobState,
+        RunRequest,
+        RunTotal,
+        Scheduler,
+    )
 
-    for model in (RunRequest, JobLock, JobRun, Scheduler, JobState, DBTaskResult):
+    for model in (RunRequest, JobLock, JobRun, RunTotal, Scheduler, JobState, DBTaskResult):
         model.objects.using(alias).all().delete()
 
 

@@ -1,6 +1,10 @@
 from django.contrib import admin
 from django.urls import path
 
-from django_exclusive_jobs.views import health
+from django_exclusive_jobs.views import health, metrics
 
-urlpatterns = [path("admin/", admin.site.urls), path("jobs/health", health)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("jobs/health", health),
+    path("jobs/metrics", metrics),
+]

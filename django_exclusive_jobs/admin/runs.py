@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy
 
 from ..models import JobRun
 from ..run.arguments import describe as describe_arguments
+from ..run.history import delete_runs
 from ..run.status import RunStatus
 from .display import duration, timestamp
 
@@ -79,6 +80,13 @@ class JobRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    # Deleted runs still count in the metrics: through the same path as pruning.
+    def delete_model(self, request: HttpRequest, obj: JobRun) -> None:
+        delete_runs([obj.pk], using=obj._state.db or "default")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        delete_runs(list(queryset.values_list("pk", flat=True)), using=queryset.db)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

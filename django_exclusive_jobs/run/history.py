@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import F
 
 from ..lock.clock import DatabaseNow
@@ -594,11 +594,64 @@ def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -
     ids = run_statement(using, lambda: list(runs.prunable(older_than).values_list("id", flat=True)))
     deleted = 0
     for start in range(0, len(ids), PRUNE_BATCH):
-        batch = ids[start : start + PRUNE_BATCH]
-        deleted += run_statement(using, lambda: runs.filter(id__in=batch).delete()[0])  # noqa: B023
+        deleted += delete_runs(ids[start : start + PRUNE_BATCH], using=using)
     side_by_side = [job.name for job in all_jobs() if job.overlap == "allow_all"]
     if side_by_side:
         before = run_statement(using, lambda: database_now(using)) - older_than
         locks = prune(side_by_side, before, using=using)
         logger.info("deleted %s free slot lock(s) taken before %s", locks, before.isoformat())
     return deleted
+
+
+def delete_runs(ids: list[int], *, using: str) -> int:
+    """Delete these runs, adding them to the run totals first (``RunTotal``), in one
+    transaction; return how many were deleted. The metrics' counters count the totals
+    and the rows kept, so they never go down when history is pruned."""
+    from ..models import RunTotal
+
+    runs = _runs(using)
+
+    def delete() -> int:
+        with transaction.atomic(using=using):
+            # Lock the rows first: a second prune running at once waits, then finds them
+            # gone, so no run is added to the totals twice.
+            found = list(runs.filter(id__in=ids).select_for_update().values_list("id", flat=True))
+            if not found:
+                return 0
+            gone = runs.filter(id__in=found)
+            tallies = list(gone.tallies())
+            add_to_totals(RunTotal.objects.using(using), tallies)
+            return int(gone.delete()[0])
+
+    return run_statement(using, delete)
+
+
+def add_to_totals(totals: Any, tallies: list[dict[str, Any]]) -> None:
+    """Add rows of ``JobRunQuerySet.tallies()`` to ``RunTotal`` (inside a transaction)."""
+    from ..models import RunTotal
+
+    def key(t: dict[str, Any]) -> tuple[str, str, str, str]:
+        return (t["job"], t["state"], t["duration_le"], t["lateness_le"])
+
+    keys = sorted({key(t) for t in tallies})
+    # Make the missing rows without an error (ON CONFLICT DO NOTHING), always in one order.
+    new = [RunTotal(name=n, status=s, duration_bucket=d, lateness_bucket=b) for n, s, d, b in keys]
+    totals.bulk_create(new, ignore_conflicts=True)
+    found = (
+        totals.select_for_update()
+        .filter(name__in=sorted({k[0] for k in keys}))
+        .order_by("name", "status", "duration_bucket", "lateness_bucket")
+    )
+    rows = {(r.name, r.status, r.duration_bucket, r.lateness_bucket): r for r in found}
+    touched = []
+    for tally in tallies:
+        row = rows[key(tally)]
+        touched.append(row)
+        row.count += tally["n"]
+        row.duration_seconds += float(tally["duration_sum"] or 0)
+        row.lateness_seconds += float(tally["lateness_sum"] or 0)
+        last = tally["last"]
+        if last is not None and (row.last_finished_at is None or last > row.last_finished_at):
+            row.last_finished_at = last
+    fields = ["count", "duration_seconds", "lateness_seconds", "last_finished_at"]
+    totals.bulk_update(touched, fields)
