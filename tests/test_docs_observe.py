@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -103,3 +104,43 @@ def test_collector_sample_adds_the_jobs_to_the_projects_registry(sqlite: str) ->
     text = generate_latest(REGISTRY).decode()
     assert "exclusive_jobs_database_up 1.0" in text
     assert 'exclusive_jobs_runs_total{job_name="quick",status="failed"} 0.0' in text
+
+
+def test_the_observe_page_lists_every_field_and_event_and_its_logging_sample_works(
+    tmp_path: Path,
+) -> None:
+    import logging.config
+
+    from django_exclusive_jobs.logs import EVENTS, FIELDS, line, say
+
+    from .test_docs import settings_of
+
+    page = PAGE.read_text()
+    part = page[page.index("## Structured logs") :]
+    fields_table = part[part.index("| field |") : part.index("| `event` | the line says")]
+    events_table = part[part.index("| `event` | the line says") : part.index("**In your logging**")]
+
+    def first_column(table: str) -> list[str]:
+        rows = [row for row in table.splitlines() if row.startswith("| `")]
+        return [row.split("|")[1].strip().strip("`") for row in rows]
+
+    assert first_column(fields_table) == list(FIELDS)
+    assert first_column(events_table)[1:] == list(EVENTS)  # after the header's `event`
+    config = settings_of("observe_logging")["LOGGING"]
+    out = tmp_path / "log.jsonl"
+    config["handlers"]["stdout"] = {
+        "class": "logging.FileHandler",
+        "filename": str(out),
+        "formatter": "json",
+    }
+    logger = logging.getLogger("django_exclusive_jobs")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    try:
+        logging.config.dictConfig({**config, "disable_existing_loggers": False})
+        say(None, line("missed", "missed x: 1 slot(s)", job_name="x", slots=[]))
+    finally:
+        for handler in logger.handlers:
+            handler.close()
+        logger.handlers[:], logger.level, logger.propagate = saved
+    [data] = [json.loads(text) for text in out.read_text().splitlines()]
+    assert (data["event"], data["job_name"], data["level"]) == ("missed", "x", "INFO")
