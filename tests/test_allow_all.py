@@ -224,9 +224,12 @@ def test_a_cron_line_runs_its_slot_while_the_previous_slots_line_still_runs(
                 process.kill()
                 process.communicate()
     rows = overlong_runs(alias)
-    assert [row.status for row in rows] == ["succeeded", "succeeded"]
+    # Two runs; a slot between them (a loaded machine starts the second line late) is
+    # recorded missed, as no line ran it.
+    ran = [row for row in rows if row.status != "missed"]
+    assert [row.status for row in ran] == ["succeeded", "succeeded"], [r.status for r in rows]
     assert all(count == 1 for count in executions(marker, "overlong-start").values())
-    assert rows[1].started_at < rows[0].finished_at  # type: ignore[operator]
+    assert ran[1].started_at < ran[0].finished_at  # type: ignore[operator]
 
 
 @pytest.mark.slow
