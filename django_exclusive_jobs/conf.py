@@ -33,6 +33,12 @@ DEFAULTS: dict[str, Any] = {
     # A shared secret for the optional health view (monitors send it as a Bearer
     # token); None: only staff who may view jobs see the view.
     "HEALTH_TOKEN": None,
+    # One OpenTelemetry span per run, on the server that won it (needs opentelemetry-api;
+    # the project configures the SDK and its exporter).
+    "OPENTELEMETRY": False,
+    # Each scheduled job's Sentry cron monitor, kept to its declaration, and a check-in
+    # per slot from the server that won it (needs sentry-sdk, initialised by the project).
+    "SENTRY_MONITORS": False,
 }
 
 # Settings that existed before and what became of them (system check W002).
