@@ -120,8 +120,8 @@ def monitor_config(job: Job) -> dict[str, Any] | None:
 
 
 def unmonitored() -> list[str]:
-    """Why each scheduled job that cannot have a monitor has none, one line each (system
-    check W004): its schedule, or a slug another job's monitor has."""
+    """Each scheduled job that cannot have a monitor, and why, one line each (system check
+    W004): a schedule Sentry cannot express, or a slug another job's monitor has."""
     problems: list[str] = []
     slugs: dict[str, str] = {}
     for job in all_jobs():
@@ -129,15 +129,14 @@ def unmonitored() -> list[str]:
             continue
         if monitor_config(job) is None:
             problems.append(
-                f"job {job.name!r} runs {job.schedule.describe()}, which a Sentry monitor "
-                "cannot express (every= must be whole minutes)"
+                f"job {job.name!r}: it runs {job.schedule.describe()}, and Sentry's schedules "
+                "are whole minutes"
             )
             continue
         slug = monitor_slug(job.name)
         if slug in slugs:
             problems.append(
-                f"jobs {slugs[slug]!r} and {job.name!r} would share the monitor {slug!r}; "
-                "rename one"
+                f"job {job.name!r}: its slug {slug!r} is taken by job {slugs[slug]!r}; rename one"
             )
         slugs.setdefault(slug, job.name)
     return problems
