@@ -11,6 +11,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -25,6 +26,7 @@ from django_exclusive_jobs.integrations import opentelemetry as traces
 from django_exclusive_jobs.models import JobRun, RunStatus
 from django_exclusive_jobs.run import registry
 
+from .conftest import clean_tables
 from .observers import read
 from .test_command import command_env, manage, marker
 
@@ -71,6 +73,16 @@ def spans() -> Iterator[InMemorySpanExporter]:
         FAILING.failing = False
         registry._jobs.clear()
         registry._jobs.update(jobs)
+
+
+@pytest.fixture
+def sqlite(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
+    """The SQLite test database, its tables clean after the test."""
+    with django_db_blocker.unblock():
+        try:
+            yield "default"
+        finally:
+            clean_tables("default")
 
 
 def runs_of(spans: InMemorySpanExporter) -> list[ReadableSpan]:
@@ -267,15 +279,42 @@ def test_a_failed_run_exclusive_exports_an_error_span(
     ("settings", "imported"), [("tests.settings", False), ("tests.settings_observe", True)]
 )
 def test_a_run_imports_the_integrations_only_when_they_are_on(
-    alias: str, marker: Path, tmp_path: Path, settings: str, imported: bool
+    sqlite: str, marker: Path, tmp_path: Path, settings: str, imported: bool
 ) -> None:
-    if alias != "default":
-        pytest.skip("imports do not depend on the database")
     env = command_env(marker, DJANGO_SETTINGS_MODULE=settings, OBSERVED=str(tmp_path / "o.jsonl"))
-    result = manage(alias, "modules_probe", env=env)
+    result = manage(sqlite, "modules_probe", env=env)
     assert result.returncode == 0, result.stderr
     modules = marker.read_text().split()[:-1]  # the last word is the pid
     assert ("django_exclusive_jobs.integrations.opentelemetry" in modules) is imported
     assert ("django_exclusive_jobs.integrations.sentry" in modules) is imported
     if not imported:
         assert modules == ["none"]
+
+
+def test_the_scheduler_exports_a_span_per_run_and_none_for_a_job_too_fast_for_sentry(
+    alias: str, marker: Path, tmp_path: Path
+) -> None:
+    from .helpers import reaped
+    from .test_command import wait_for
+    from .test_scheduler import start_scheduler, stop
+
+    output = tmp_path / "observed.jsonl"
+    with reaped() as started:
+        scheduler = start_scheduler(
+            started, alias, "--jobs", "tick", env=observed_env(marker, output)
+        )
+        wait_for(lambda: marker.exists() and len(marker.read_text().splitlines()) >= 2)
+        stop(scheduler)
+    spans, check_ins = read(output)
+    ran = list(  # each run that ended (the stop may have interrupted the last one)
+        JobRun.objects.using(alias)
+        .filter(name="tick", token__isnull=False, finished_at__isnull=False)
+        .exclude(status__in=(RunStatus.MISSED, RunStatus.SKIPPED))
+    )
+    runs = [span for span in spans if span["name"] == "exclusive_job tick"]
+    assert len(ran) >= 2
+    assert sorted(span["attributes"]["exclusive_jobs.token"] for span in runs) == sorted(
+        run.token for run in ran
+    )
+    assert all(span["parent_id"] is None for span in runs)  # never nested in one another
+    assert check_ins == []  # every 2 s: Sentry has no such schedule (W004)
