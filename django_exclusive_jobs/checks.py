@@ -177,7 +177,7 @@ def _check_integrations(merged: dict[str, Any]) -> list[CheckMessage]:
     enabled = []
     for key, package in (("OPENTELEMETRY", "opentelemetry-api"), ("SENTRY_MONITORS", "sentry-sdk")):
         if not isinstance(merged[key], bool):
-            messages.append(Error(f"{SETTING}[{key!r}] must be True or False.", id=PREFIX + "E016"))
+            messages.append(Error(f"{SETTING}[{key!r}] must be True or False.", id=PREFIX + "E017"))
         elif merged[key]:
             enabled.append((key, package))
     if not enabled:

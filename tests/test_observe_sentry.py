@@ -272,7 +272,7 @@ def test_a_job_that_cannot_have_a_monitor_is_a_warning(settings: Any) -> None:
 @pytest.mark.parametrize("key", ["OPENTELEMETRY", "SENTRY_MONITORS"])
 def test_an_integration_setting_must_be_a_bool(settings: Any, key: str) -> None:
     settings.EXCLUSIVE_JOBS = {key: "yes"}
-    [message] = [m for m in check_settings() if m.id == "django_exclusive_jobs.E016"]
+    [message] = [m for m in check_settings() if m.id == "django_exclusive_jobs.E017"]
     assert key in message.msg
 
 
