@@ -12,6 +12,7 @@ class ExclusiveJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from .checks import check_jobs, check_settings
+        from .conf import app_settings
         from .management import prepare_job_locks
         from .run.registry import autodiscover
 
@@ -19,3 +20,8 @@ class ExclusiveJobsConfig(AppConfig):
         checks.register(check_jobs)
         post_migrate.connect(prepare_job_locks, sender=self)
         autodiscover()
+        # Monitoring integrations: not even imported unless one is on.
+        if app_settings.OPENTELEMETRY is True or app_settings.SENTRY_MONITORS is True:
+            from .integrations import connect_enabled
+
+            connect_enabled()

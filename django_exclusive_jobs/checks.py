@@ -45,6 +45,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     merged = {**DEFAULTS, **user}
     messages += _check_values(merged)
     messages += _check_databases(merged["DATABASE"])
+    messages += _check_integrations(merged)
     return messages
 
 
@@ -169,4 +170,42 @@ def _check_databases(alias: str | None) -> list[CheckMessage]:
                 id=PREFIX + "E012",
             )
         )
+    return messages
+
+
+def _check_integrations(merged: dict[str, Any]) -> list[CheckMessage]:
+    """The monitoring integrations: on or off, and what an enabled one lacks. Only a
+    warning: a job runs whether or not it is watched."""
+    messages: list[CheckMessage] = []
+    enabled = []
+    for key, package in (("OPENTELEMETRY", "opentelemetry-api"), ("SENTRY_MONITORS", "sentry-sdk")):
+        if not isinstance(merged[key], bool):
+            messages.append(Error(f"{SETTING}[{key!r}] must be True or False.", id=PREFIX + "E017"))
+        elif merged[key]:
+            enabled.append((key, package))
+    if not enabled:
+        return messages  # nothing of the integrations is imported
+    from .integrations import EXTRAS, installed
+
+    for key, package in enabled:
+        if not installed(key):
+            messages.append(
+                Warning(
+                    f"{SETTING}[{key!r}] is on, but {package} is not installed: nothing is "
+                    "reported.",
+                    hint=f"pip install 'django-exclusive-jobs[{EXTRAS[key]}]', or turn it off.",
+                    id=PREFIX + "W003",
+                )
+            )
+        elif key == "SENTRY_MONITORS":
+            from .integrations.sentry import unmonitored
+
+            messages += [
+                Warning(
+                    f"No Sentry cron monitor for {problem}.",
+                    hint="Its runs send no check-ins; see the docs' Observe page.",
+                    id=PREFIX + "W004",
+                )
+                for problem in unmonitored()
+            ]
     return messages

@@ -36,6 +36,12 @@ DEFAULTS: dict[str, Any] = {
     # What the commands print for each decision: "text" (a sentence) or "json" (one JSON
     # object per line: the sentence and its fields, see django_exclusive_jobs/logs.py).
     "LOG_FORMAT": "text",
+    # One OpenTelemetry span per run, on the server that won it (needs opentelemetry-api;
+    # the project configures the SDK and its exporter).
+    "OPENTELEMETRY": False,
+    # Each scheduled job's Sentry cron monitor, kept to its declaration, and a check-in
+    # per slot from the server that won it (needs sentry-sdk, initialised by the project).
+    "SENTRY_MONITORS": False,
 }
 
 # Settings that existed before and what became of them (system check W002).

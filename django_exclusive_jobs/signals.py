@@ -12,7 +12,11 @@ from django.dispatch import Signal
 lock_lost = Signal()
 
 # A job won its lock and is about to run.
-# Arguments: sender (job name), name (str), lock (the Lock).
+# Arguments: sender (job name), name (str), lock (the Lock), slot (datetime | None: the
+# slot it serves, UTC; None for a run asked for now), attempt (int: 1 for a slot's first
+# run, one more for each retry), backfill (bool: it runs a past slot a backfill asked
+# for) and in_process (bool: the job executes in this process and thread, between this
+# signal and job_finished; False in the scheduler, whose jobs run in a process of their own).
 job_started = Signal()
 
 # A job did not run because another holder has its lock.
@@ -26,7 +30,8 @@ job_skipped = Signal()
 # "succeeded", "failed", "interrupted", "lost", "timed_out", "cancelled" or "enqueued"),
 # duration (float seconds), exception (the exception that ended it, or None), attempt
 # (int: 1 for a slot's first run, one more for each retry) and final (bool: False when
-# the slot will be retried (retries=N); alert on a failure only when final).
+# the slot will be retried (retries=N); alert on a failure only when final), slot
+# (datetime | None) and backfill (bool), as job_started sent them.
 job_finished = Signal()
 
 # A scheduled slot passed and no server ran it. Sent once per slot, by the start that

@@ -1941,3 +1941,20 @@ def test_operations_page_shows_the_jobs_screenshots() -> None:
         assert (DOCS / "_static" / "screenshots" / f"{name}.png").exists()
     for path in PAGES:
         assert "admin-summary" not in path.read_text(), where(path)
+
+
+# --- observe.md ---------------------------------------------------------------------------
+
+
+def test_observe_settings_samples_turn_each_integration_on_and_pass_the_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SENTRY_DSN", raising=False)  # the sample's init() sends nothing
+    traces = settings_of("observe_opentelemetry_settings")["EXCLUSIVE_JOBS"]
+    monitors = settings_of("observe_sentry_settings")["EXCLUSIVE_JOBS"]
+    assert traces == {"OPENTELEMETRY": True} and monitors == {"SENTRY_MONITORS": True}
+    with override_settings(EXCLUSIVE_JOBS=traces):
+        assert check_settings() == []
+    with override_settings(EXCLUSIVE_JOBS=monitors):
+        # The test app's jobs every 2 s can have no Sentry monitor (W004); nothing else.
+        assert {message.id for message in check_settings()} == {"django_exclusive_jobs.W004"}

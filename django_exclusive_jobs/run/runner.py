@@ -170,6 +170,9 @@ class Run:
         # sent the signal instead, see ChildProgram.on_signal).
         self.target = target
         self.on_stop = on_stop
+        # The job executes in this thread (call, acall), not in a process of its own
+        # (start_child): job_started says so to receivers (a tracer makes its span current).
+        self.in_process = False
         # What happened so far.
         self.lock_name = job.name  # under overlap="allow_all", its slot's (see start)
         self.lock_slot: dt.datetime | None = None
@@ -225,6 +228,7 @@ class Run:
         """Start, run ``target(lock)`` in this thread (default: the job's function),
         finish. The job's errors become the result; KeyboardInterrupt and SystemExit are
         raised again once the run is recorded."""
+        self.in_process = True
         started = self.start()
         if isinstance(started, RunResult):
             return started
@@ -253,6 +257,7 @@ class Run:
         Django's sync thread, while the job is awaited here."""
         from asgiref.sync import sync_to_async
 
+        self.in_process = True
         started = await sync_to_async(self.start, thread_sensitive=True)()
         if isinstance(started, RunResult):
             return started
@@ -490,7 +495,15 @@ class Run:
                 )
             )
             signals.lock_lost.connect(self._lost_receiver, sender=Lock)
-            signals.job_started.send(sender=self.name, name=self.name, lock=lock)
+            signals.job_started.send(
+                sender=self.name,
+                name=self.name,
+                lock=lock,
+                slot=self.slot,
+                attempt=self.attempt,
+                backfill=self.backfilled,
+                in_process=self.in_process,
+            )
         except BaseException as exc:
             # A failing job_started receiver (or a log handler): the run ends here,
             # recorded and released, never left 'running' under a renewed lease.
@@ -857,6 +870,8 @@ class Run:
             exception=result.exception,
             attempt=result.attempt,
             final=result.final,
+            slot=self.slot,
+            backfill=self.backfilled,
         )
 
     def _lost_receiver(self, sender: Any, lock: Lock, reason: str, **kwargs: Any) -> None:

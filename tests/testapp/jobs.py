@@ -278,3 +278,25 @@ def backfill_hourly(slot: object) -> None:
 def backfill_slotless() -> None:
     """Takes no slot: each backfilled run does what a run now does."""
     mark("backfill_slotless")
+
+
+# --- observed runs (tests/test_observe_*.py): only in the processes those tests start ----
+
+if os.environ.get("OBSERVED"):
+
+    @exclusive_job("observed", cron="*/5 * * * *", timeout="10m")
+    def observed(slot: object) -> None:
+        from opentelemetry import trace
+
+        with trace.get_tracer("tests").start_as_current_span("inside the job"):
+            mark(f"observed {slot.isoformat()}")  # type: ignore[attr-defined]
+        if os.environ.get("OBSERVED_FAILS"):
+            raise RuntimeError("the observed job fell over")
+
+    @exclusive_job("modules_probe")
+    def modules_probe() -> None:
+        """What a run imported: none of the monitoring integrations when they are off."""
+        import sys
+
+        prefixes = ("django_exclusive_jobs.integrations", "opentelemetry", "sentry_sdk")
+        mark(" ".join(sorted(m for m in sys.modules if m.startswith(prefixes))) or "none")

@@ -1,0 +1,68 @@
+"""Optional integrations with monitoring tools, each off unless enabled in ``EXCLUSIVE_JOBS``.
+
+Each one is a module of signal receivers, imported and connected by ``AppConfig.ready()``
+only when its setting is on, so a project without it imports none of this. A receiver
+never stops a job: whatever goes wrong in it (a tracer, a transport) is one warning line.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from importlib.util import find_spec
+from typing import Any
+
+logger = logging.getLogger("django_exclusive_jobs")
+
+# The setting that turns each integration on, and the module it needs importable.
+PACKAGES = {"OPENTELEMETRY": "opentelemetry.trace", "SENTRY_MONITORS": "sentry_sdk.crons"}
+EXTRAS = {"OPENTELEMETRY": "opentelemetry", "SENTRY_MONITORS": "sentry"}
+
+
+def installed(key: str) -> bool:
+    """The package the integration of setting ``key`` needs can be imported."""
+    try:
+        return find_spec(PACKAGES[key]) is not None
+    except ImportError:  # its parent package is missing
+        return False
+
+
+def connect_enabled() -> None:
+    """Connect the receivers of each integration whose setting is on and whose package is
+    installed (system check W003 says when one is on and its package is missing)."""
+    from ..conf import app_settings
+
+    if app_settings.OPENTELEMETRY is True and installed("OPENTELEMETRY"):
+        from . import opentelemetry
+
+        opentelemetry.connect()
+    if app_settings.SENTRY_MONITORS is True and installed("SENTRY_MONITORS"):
+        from . import sentry
+
+        sentry.connect()
+
+
+def quietly(tool: str, what: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A signal receiver that never raises: a failure is one warning line, and the job
+    goes on (Django's ``Signal.send`` would raise it into the run)."""
+
+    def decorate(receiver: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(receiver)
+        def wrapper(*args: Any, **kwargs: Any) -> None:
+            try:
+                receiver(*args, **kwargs)
+            except Exception as exc:
+                name = kwargs.get("name") or getattr(kwargs.get("lock"), "name", "?")
+                logger.warning(
+                    "%s: could not report %s of %s (the job is not affected): %s: %s",
+                    tool,
+                    what,
+                    name,
+                    type(exc).__name__,
+                    " ".join(str(exc).split()),
+                )
+
+        return wrapper
+
+    return decorate
