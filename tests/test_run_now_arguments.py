@@ -62,7 +62,7 @@ def test_given_arguments_update_the_declared_ones_and_win() -> None:
 @pytest.mark.parametrize(
     ("given", "error"),
     [
-        ({"limt": 2}, "The arguments {"),
+        ({"limt": 2}, "The run's arguments (its declared kwargs updated by those given) {"),
         ({"limt": 2}, "do not fit digest(recipients, limit): unknown argument 'limt'."),
         ([1], "The arguments must be a dict of argument names to values, not [1]."),
         ({"limit": float("nan")}, "are not JSON"),

@@ -77,10 +77,10 @@ class Job:
         (else LockConfigurationError, one line)."""
         from .arguments import check_kwargs
 
-        what = "The arguments"
         if not isinstance(given, dict):
-            check_kwargs(self.func, given, what=what)  # says it is not a dict
+            check_kwargs(self.func, given, what="The arguments")  # says it is not a dict
         assert isinstance(given, dict)
+        what = "The run's arguments (its declared kwargs updated by those given)"
         check_kwargs(self.func, self.with_arguments(given).kwargs, what=what)
         return given
 
