@@ -117,7 +117,7 @@ def test_run_with_kwargs_of_a_schedule_updates_that_schedules_arguments(alias: s
     [
         ('{"limit": ', "argument --kwargs: The arguments are not JSON (Expecting value"),
         ('{"limt": 2}', "do not fit digest(recipients, limit): unknown argument 'limt'."),
-        ('["limit"]', "The arguments must be a dict of argument names to values"),
+        ("[]", "The arguments must be a dict of argument names to values, not []."),
     ],
 )
 def test_bad_kwargs_are_one_line_and_exit_2_with_nothing_run_recorded_or_locked(

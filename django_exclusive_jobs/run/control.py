@@ -80,8 +80,8 @@ def request_run(
 
 def _checked(name: str, kwargs: object) -> dict[str, Any]:
     """The arguments a run of ``name`` is asked for with, checked before anything is
-    written or locked (none: the declared ones)."""
-    if not kwargs:
+    written or locked (None: the declared ones; ``[]`` is refused, not taken for none)."""
+    if kwargs is None:
         return {}
     job = get_job(name)
     assert job is not None
