@@ -133,6 +133,7 @@ class JobHealth:
                     "requested_by": r.requested_by,
                     "requested_at": _iso(r.requested_at),
                     "slot": _iso(r.slot),
+                    "kwargs": r.kwargs,
                 }
                 for r in self.requests
             ],

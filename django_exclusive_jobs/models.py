@@ -693,6 +693,15 @@ class RunRequest(models.Model):
             '(overlap="cancel_other").'
         ),
     )
+    kwargs = models.JSONField(
+        _("arguments"),
+        default=dict,
+        blank=True,
+        help_text=_(
+            "A run now asked for with arguments: they update the job's declared kwargs "
+            "for this run (the given ones win)."
+        ),
+    )
     # No constraint: pruning old runs must stay one DELETE, and may leave this dangling.
     run = models.ForeignKey(
         JobRun,
@@ -713,3 +722,10 @@ class RunRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} asked by {self.requested_by}"
+
+    @property
+    def arguments(self) -> str:
+        """The arguments it was asked for with, as one line of JSON ("" for none)."""
+        from .run.arguments import describe
+
+        return describe(self.kwargs)

@@ -249,6 +249,60 @@ def test_on_call_engineer_pauses_resumes_and_runs_a_job_now(
         context.close()
 
 
+def test_on_call_engineer_runs_a_job_now_with_arguments(
+    browser: Any, live_server: Any, tmp_path: Path
+) -> None:
+    from django.contrib.auth.models import Permission
+
+    from django_exclusive_jobs.models import JobRun, RunRequest
+
+    from .test_command import command_env
+    from .test_scheduler import start_scheduler, stop
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)
+    for codename in ("view_jobstate", "change_jobstate"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    marker = tmp_path / "marker.txt"
+    env = command_env(marker, TICK_EVERY="1h")
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    schedulers: list[Any] = []
+    try:
+        start_scheduler(schedulers, "default", "--jobs", "digest", env=env)
+        log_in(page, live_server.url)
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        page.locator("#jobs tr[data-job=digest]").locator("a.button", has_text="Run now").click()
+        arguments = page.locator("#id_arguments")
+        assert arguments.input_value() == '{"recipients": ["ops@example.com"], "limit": 5}'
+        arguments.fill('{"limt": 2}')  # a typo: refused on the form, nothing asked
+        page.click("#confirm")
+        assert "unknown argument 'limt'" in page.locator(".errorlist").inner_text()
+        assert not RunRequest.objects.exists()
+        page.locator("#id_arguments").fill('{"limit": 2}')
+        shot(page, "admin-run-now-arguments")
+        page.click("#confirm")
+        assert 'with arguments {"limit": 2}' in page.locator(".messagelist").inner_text()
+        asked = JobRun.objects.filter(name="digest", requested_by="oncall (admin)")
+        deadline = time.monotonic() + 60
+        while not asked.filter(finished_at__isnull=False).exists():
+            assert time.monotonic() < deadline, "no scheduler ran the request"
+            time.sleep(0.2)
+        [run] = asked
+        assert (run.status, run.kwargs) == (
+            "succeeded",
+            {"recipients": ["ops@example.com"], "limit": 2},
+        )
+        for process in schedulers:
+            stop(process)
+        assert "digest ops@example.com 2" in marker.read_text()  # the job got them
+    finally:
+        for process in schedulers:
+            if process.poll() is None:
+                process.kill()
+                process.communicate(timeout=30)
+        context.close()
+
+
 def test_a_viewer_sees_no_buttons_and_a_forged_post_is_refused(
     browser: Any, live_server: Any
 ) -> None:

@@ -1627,7 +1627,10 @@ def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
     assert re.findall(r"^\| (\d+) \|", reference, re.MULTILINE) == codes
     options = long_options(
         "exclusive_jobs",
-        {"json", "check", "database", "by", "start", "end", "dry_run", "wait", "yes", "count"},
+        {
+            *("json", "check", "database", "by", "kwargs"),
+            *("start", "end", "dry_run", "wait", "yes", "count"),
+        },
     )
     assert set(re.findall(r"^\| `(--[a-z-]+)", reference, re.MULTILINE)) == options
     actions = {

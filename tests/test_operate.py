@@ -393,8 +393,11 @@ def test_a_waiting_run_is_shown_warned_about_and_cancelled_with_a_record() -> No
     waiting.refresh_from_db()
     assert waiting.cancelled_by == "operator (admin)" and waiting.taken_at is not None
     assert "waiting" not in operator.get(JOBS).content.decode()
-    [entry] = LogEntry.objects.filter(object_id=str(waiting.pk))
-    assert entry.get_change_message() == f"Cancelled run request {waiting.pk} of quick"
+    entries = LogEntry.objects.filter(object_id=str(waiting.pk)).order_by("id")
+    assert [entry.get_change_message() for entry in entries] == [
+        "Run now of quick",  # asked for, then cancelled: the request's history
+        f"Cancelled run request {waiting.pk} of quick",
+    ]
     again = operator.post(
         cancel, {"job": "quick", "request": waiting.pk, "confirm": "yes"}, follow=True
     )

@@ -25,9 +25,11 @@ from ..health import Health, overview
 from ..lock.validation import resolve_alias
 from ..models import JobState, RunRequest, Scheduler, SchedulerQuerySet, SchedulerState
 from ..run import backfill, control
+from ..run.arguments import describe as describe_arguments
 from ..run.registry import get_job
 from .backfill import BackfillForm
 from .display import moment, timestamp
+from .run_now import RunNowForm
 
 ACTIONS = {
     "pause": gettext_lazy("Pause"),
@@ -67,7 +69,8 @@ def what_happens(action: str, name: str, request: RunRequest | None = None) -> s
         ) % {"name": name}
     return _(
         "%(name)s will run once, outside its schedule, on the next scheduler that looks "
-        "(within seconds), under its lock, recorded as a manual run asked for by you. "
+        "(within seconds), under its lock, with the arguments below, recorded as a manual "
+        "run asked for by you. "
         "If no scheduler serves it, run 'manage.py exclusive_jobs run %(name)s' instead."
     ) % {"name": name}
 
@@ -125,8 +128,15 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 return self._back()
         if action == "backfill":
             return self._backfill(request, name, data)
-        if request.method == "POST" and data.get("confirm") == "yes":
-            self._do(request, action, name, waiting)
+        form = None
+        if action == "run":  # with its arguments, checked before anything is asked for
+            job = get_job(name)
+            assert job is not None
+            form = RunNowForm(job, data if request.method == "POST" else None)
+        confirmed = request.method == "POST" and data.get("confirm") == "yes"
+        if confirmed and (form is None or form.is_valid()):
+            given = form.cleaned_data["arguments"] if form is not None else {}
+            self._do(request, action, name, waiting, given)
             return self._back()
         context = {
             **self.admin_site.each_context(request),
@@ -137,6 +147,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "action": action,
             "action_label": ACTIONS[action],
             "what_happens": what_happens(action, name, waiting),
+            "form": form,
         }
         return TemplateResponse(
             request, "admin/django_exclusive_jobs/jobstate/confirm.html", context
@@ -201,7 +212,14 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         requests = RunRequest.objects.using(self._using()).pending().runs().filter(name=name)
         return requests.filter(pk=int(request_id)).first() if request_id.isdigit() else None
 
-    def _do(self, request: HttpRequest, action: str, name: str, waiting: RunRequest | None) -> None:
+    def _do(
+        self,
+        request: HttpRequest,
+        action: str,
+        name: str,
+        waiting: RunRequest | None,
+        given: dict[str, Any],
+    ) -> None:
         who = f"{request.user.get_username()} (admin)"
         using = self._using()
         if action == "pause":
@@ -218,9 +236,18 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             else:
                 messages.warning(request, _("A run took the request first: it was not cancelled."))
         else:
-            control.request_run(name, by=who, using=using)
-            asked = _("Asked for a run of %(name)s: a scheduler will start it.")
-            messages.success(request, asked % {"name": name})
+            made = control.request_run(name, by=who, using=using, kwargs=given)
+            arguments = describe_arguments(given)
+            line = f"Run now of {name}" + (f" with arguments {arguments}" if arguments else "")
+            self.log_addition(request, made, line)
+            if arguments:
+                asked = _(
+                    "Asked for a run of %(name)s with arguments %(arguments)s: a scheduler "
+                    "will start it."
+                )
+            else:
+                asked = _("Asked for a run of %(name)s: a scheduler will start it.")
+            messages.success(request, asked % {"name": name, "arguments": arguments})
             if not self._served(name, using):
                 alone = _(
                     "No live scheduler serves %(name)s: the request waits for one. To run it "

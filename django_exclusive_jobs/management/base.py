@@ -25,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ..checks import configuration_error
 from ..lock.durations import parse_duration
 from ..lock.errors import LockConfigurationError, LockDatabaseError
+from ..run.arguments import parse_kwargs
 from ..run.runner import EXIT_DATABASE, EXIT_USAGE
 
 logger = logging.getLogger("django_exclusive_jobs")
@@ -100,6 +101,19 @@ def moment_option(option: str) -> Callable[[str], dt.datetime]:
                 f"{option} must be an ISO 8601 time such as 2026-11-24T02:00 or "
                 f"2026-11-24T02:00+01:00, got {value!r}."
             ) from None
+
+    return parse
+
+
+def kwargs_option(option: str) -> Callable[[str], object]:
+    """argparse ``type=`` of ``option``: a JSON object of a run's arguments (what they
+    must be is checked against the job, once it is known)."""
+
+    def parse(value: str) -> object:
+        try:
+            return parse_kwargs(value)
+        except LockConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
 

@@ -44,6 +44,21 @@ def check_kwargs(
     return kwargs
 
 
+def parse_kwargs(text: str) -> object:
+    """The arguments a run is asked for with, as typed (a JSON object; blank: none).
+
+    Only parsed: what they must be is :meth:`Job.check_arguments`'s to say."""
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise LockConfigurationError(
+            f"The arguments are not JSON ({exc}): give an object of names to values, such "
+            'as {"day": "2026-11-24"}.'
+        ) from None
+
+
 def _takes(signature: inspect.Signature, key: str) -> bool:
     """Whether the function takes a keyword argument ``key``."""
     parameter = signature.parameters.get(key)

@@ -10,8 +10,9 @@ the admin (its ``slot`` set). The command runs it at once, here; one
 asked for in the admin is run by the next scheduler that polls (within seconds). The
 run takes the job's lock like any other and marks the request taken in the same
 decision, so two clicks give two runs and two schedulers never run one request twice.
-A manual run is recorded with who asked; a paused job still runs it. A request no run
-has taken yet may be cancelled; the row keeps who cancelled it and when.
+A manual run is recorded with who asked and its arguments: those given with it update
+the job's declared ``kwargs``, the given ones winning. A paused job still runs it. A
+request no run has taken yet may be cancelled; the row keeps who cancelled it and when.
 
 A stop is a ``RunRequest`` too (``stop_token``): the start of a newer slot of a job with
 ``overlap="cancel_other"`` asks the run holding that token to stop. Whatever runs it
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
@@ -55,17 +56,36 @@ def resume(name: str, *, by: str, using: str) -> None:
     )
 
 
-def request_run(name: str, *, by: str, using: str, slot: dt.datetime | None = None) -> RunRequest:
+def request_run(
+    name: str,
+    *,
+    by: str,
+    using: str,
+    slot: dt.datetime | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> RunRequest:
     """Ask for one run of ``name`` outside its schedule (a scheduler will run it); with
-    ``slot``, a backfill of that past slot (see ``run/backfill.py``)."""
+    ``slot``, a backfill of that past slot (see ``run/backfill.py``); with ``kwargs``,
+    run with them over the job's declared ones (checked here: LockConfigurationError)."""
     from ..models import RunRequest
 
+    given = _checked(name, kwargs)
     return run_statement(
         using,
         lambda: RunRequest.objects.using(using).create(
-            name=name, requested_by=by[:255], requested_at=DatabaseNow(), slot=slot
+            name=name, requested_by=by[:255], requested_at=DatabaseNow(), slot=slot, kwargs=given
         ),
     )
+
+
+def _checked(name: str, kwargs: object) -> dict[str, Any]:
+    """The arguments a run of ``name`` is asked for with, checked before anything is
+    written or locked (None: the declared ones; ``[]`` is refused, not taken for none)."""
+    if kwargs is None:
+        return {}
+    job = get_job(name)
+    assert job is not None
+    return job.check_arguments(kwargs)
 
 
 STOP_POLL = 2.0  # seconds between two looks for a stop, by a cancel_other run_exclusive
@@ -161,17 +181,26 @@ def acknowledge(schedulers: SchedulerQuerySet, *, by: str, using: str) -> int:
 
 
 def run_now(
-    name: str, *, by: str, using: str, report: Callable[[str, bool], None] | None = None
+    name: str,
+    *,
+    by: str,
+    using: str,
+    report: Callable[[str, bool], None] | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Run ``name`` once now in this process, as a manual run asked for by ``by``.
+    """Run ``name`` once now in this process, as a manual run asked for by ``by``; with
+    ``kwargs``, over the job's declared ones (checked first: LockConfigurationError, and
+    no lock is taken).
 
     No request row: nothing a scheduler could take first. If the lock is held, nothing
     runs (the result is SKIPPED). The job's timeout stops it, as under ``run_exclusive``.
     """
+    given = _checked(name, kwargs)
     job = get_job(name)
     assert job is not None
     from .shutdown import stop_on_signals
 
-    run = Run(job.but(using=using), requested_by=by, report=report, supervised=True)
+    job = job.but(using=using).with_arguments(given)
+    run = Run(job, requested_by=by, report=report, supervised=True)
     with stop_on_signals(run.on_signal):
         return run.call()

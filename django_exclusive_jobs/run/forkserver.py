@@ -8,8 +8,8 @@ it imports the same project however the scheduler was started: from another fold
 without a ``__main__`` guard. It never runs the user's main script: multiprocessing's
 own fork server re-imports ``__main__`` in every child and ignores ``sys.path``.
 
-One request per job run, on one Unix socket: the scheduler sends the job's name, slot and
-lease deadline with two file descriptors, the child's end of its report connection and
+One request per job run, on one Unix socket: the scheduler sends the job's name, slot,
+arguments and lease deadline with two file descriptors, the child's end of its report connection and
 the write end of its exit pipe. The server forks the child, answers with its pid, and
 when the child exits writes its exit code (negative: killed by that signal) to the exit
 pipe. When the scheduler is gone (its end of the socket closes), the server exits; the

@@ -100,6 +100,7 @@ class JobProcess:
         deadline: float,
         margin: float,
         timeout: float | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.name = name
         self.grace = grace
@@ -110,7 +111,9 @@ class JobProcess:
         ours, theirs = socket.socketpair()
         self.reader = Connection(ours.detach())
         try:
-            self.child = _server.start((name, slot, deadline, margin, timeout), theirs.fileno())
+            self.child = _server.start(
+                (name, slot, deadline, margin, timeout, kwargs or {}), theirs.fileno()
+            )
         except BaseException:
             self.reader.close()
             raise
@@ -200,11 +203,13 @@ def main(
     deadline: float,
     margin: float,
     timeout: float | None,
+    kwargs: dict[str, Any],
     *,
     report: Connection,
     setup_failure: str = "",
 ) -> None:
-    """The child: run job ``name`` for ``slot`` and report how it went."""
+    """The child: run job ``name`` for ``slot`` with the run's ``kwargs`` (those its
+    history row records: a request's over the declared ones) and report how it went."""
     os.setsid()  # its own process group: a stop reaches the job's own children too
     timeout_at = None if timeout is None else time.monotonic() + timeout
     guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at))
@@ -224,7 +229,7 @@ def main(
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
         with stop_on_signals():
-            value = job.call(slot)
+            value = job.with_arguments(kwargs).call(slot)
         enqueued = value if isinstance(value, Enqueued) else None
         report.send({"finished": True, "enqueued": enqueued, "ended": time.monotonic()})
     except Interrupted as exc:

@@ -65,6 +65,25 @@ class Job:
             given["timeout"] = validate_timeout(given["timeout"])
         return replace(self, **given)
 
+    def with_arguments(self, given: dict[str, Any]) -> Job:
+        """This job as a run asked for with ``given`` arguments runs it: its declared
+        ``kwargs`` (its schedule's, for ``NAME:schedule``) updated by ``given``, the given
+        ones winning. Not checked: :meth:`check_arguments` is, when they are asked for."""
+        return replace(self, kwargs={**self.kwargs, **given}) if given else self
+
+    def check_arguments(self, given: object) -> dict[str, Any]:
+        """``given``, if a run may be asked for with them: a dict that, over the declared
+        ``kwargs``, is JSON and fits the function, as the decorator checks its ``kwargs``
+        (else LockConfigurationError, one line)."""
+        from .arguments import check_kwargs
+
+        if not isinstance(given, dict):
+            check_kwargs(self.func, given, what="The arguments")  # says it is not a dict
+        assert isinstance(given, dict)
+        what = "The run's arguments (its declared kwargs updated by those given)"
+        check_kwargs(self.func, self.with_arguments(given).kwargs, what=what)
+        return given
+
     @property
     def time_limit(self) -> float | None:
         """Seconds a run may last before it is stopped (its ``timeout=``, else the

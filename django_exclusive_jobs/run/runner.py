@@ -127,8 +127,8 @@ class Run:
         on_stop: Callable[[int], None] | None = None,
         context: dict[str, Any] | None = None,
     ) -> None:
-        #: The job and its settings.
-        self.job = job
+        #: The job and its settings; a request's arguments over its declared ones.
+        self.job = job.with_arguments(request.kwargs) if request is not None else job
         self.name = job.name
         # Called with each decision line and whether it is the normal path (True) or not;
         # each line also carries the fields of ``context`` (the scheduler's name).
@@ -284,6 +284,7 @@ class Run:
                 deadline=lock.deadline,
                 margin=margin,
                 timeout=self.job.time_limit,
+                kwargs=self.job.kwargs,
             )
             # Each renewal reaches the child's guard, which stops the job by itself when
             # none comes in time.

@@ -1,5 +1,5 @@
-"""``manage.py exclusive_jobs [--json | --check] | pause NAME | resume NAME | run NAME |
-backfill NAME --from T | next NAME [-n N] [--json]``."""
+"""``manage.py exclusive_jobs [--json | --check] | pause NAME | resume NAME | run NAME
+[--kwargs JSON] | backfill NAME --from T | next NAME [-n N] [--json]``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from django_exclusive_jobs.management.base import (
     JobCommand,
     count_option,
     duration_option,
+    kwargs_option,
     moment_option,
 )
 from django_exclusive_jobs.management.output import line_printer
@@ -31,7 +32,9 @@ EPILOG = """\
 With no action: every job, its schedule, last run and health, as a table (or --json).
 --check prints one line per problem and exits 1 if there is any (for monitors and probes).
 pause / resume NAME: persisted; a paused job's starts skip (exit 0) until resumed.
-run NAME: run the job once now, here, under its lock (recorded as a manual run).
+run NAME [--kwargs JSON]: run the job once now, here, under its lock (recorded as a
+manual run, with its arguments); --kwargs update the job's declared kwargs for this run
+(the given ones win), checked against its function before anything runs.
 backfill NAME --from T [--to T]: run here, oldest first, each slot of the job from T to
 T (default now) that has no run that succeeded, once across all servers; --dry-run only
 lists them. A time without a zone is in the job's cron time zone, else TIME_ZONE. A job
@@ -42,9 +45,10 @@ jitter; a job without a schedule has none (one line, exit 0).
 
 exit codes: 0 all well (or done); 1 --check found problems, or run NAME failed or its
 lock is held, or a backfilled slot did not succeed or was not run (its lock stayed held
-past --wait); 2 usage or configuration error (unknown job, a bad range, migrations not
-applied); 3 the database cannot be reached; run NAME also exits as run_exclusive does:
-4 the lock was lost, 128+N stopped by signal N (backfill too).
+past --wait); 2 usage or configuration error (unknown job, a bad range, --kwargs that
+are not JSON or do not fit the job's function, migrations not applied); 3 the database
+cannot be reached; run NAME also exits as run_exclusive does: 4 the lock was lost,
+128+N stopped by signal N (backfill too).
 """
 
 
@@ -74,6 +78,12 @@ class Command(JobCommand):
         )
         parser.add_argument("--database", help="database alias of the lock table")
         parser.add_argument("--by", help="who asks (default: user@host of this shell)")
+        parser.add_argument(
+            "--kwargs",
+            type=kwargs_option("--kwargs"),
+            help='run: the arguments, a JSON object such as \'{"day": "2026-11-24"}\'; they '
+            "update the job's declared kwargs (the given ones win)",
+        )
         parser.add_argument(
             "--from",
             dest="start",
@@ -125,6 +135,8 @@ class Command(JobCommand):
             raise CommandError(
                 f"Unknown job {name!r}: 'manage.py exclusive_jobs' lists the jobs.", returncode=2
             )
+        if options["kwargs"] is not None and action != "run":
+            raise CommandError("--kwargs goes with run.", returncode=2)
         who = options["by"] or f"{getpass.getuser()}@{socket.gethostname()}"
         if action == "backfill":
             self._backfill(name, who, using, options)
@@ -142,7 +154,8 @@ class Command(JobCommand):
             self.stdout.write(f"resumed {name}")
         else:
             report = line_printer(self, logger, options["verbosity"])
-            result = control.run_now(name, by=who, using=using, report=report)
+            given = options["kwargs"]
+            result = control.run_now(name, by=who, using=using, report=report, kwargs=given)
             if result.exit_code or result.status == "skipped":
                 sys.exit(result.exit_code or 1)
 
