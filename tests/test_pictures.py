@@ -135,6 +135,7 @@ def test_a_timeout_far_above_the_runs_is_said_and_not_drawn() -> None:
     assert chart.timeout is None and chart.median is None
     assert chart.timeout_above == far
     assert chart.y_ticks[-1].seconds < far
+    assert [tick.seconds for tick in chart.y_ticks] == [0, 2.5, 5, 7.5, 10]  # round, over 8 s
 
 
 # --- the queries ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ read without telling colours apart.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,7 +153,8 @@ CHART_WIDTH = 720
 CHART_HEIGHT = 240
 LEFT = 70
 RIGHT = 130
-TOP = 12
+TOP = 24  # room for the axis's name
+Y_TICKS = 4
 BOTTOM = 28
 # A timeout over this many times the longest run is said, not drawn: drawn, it would
 # squash every run against the axis.
@@ -225,7 +227,7 @@ def chart(
     since = now - dt.timedelta(days=days)
     longest = max((run.duration or 0 for run in runs), default=0)
     drawn = timeout if timeout and timeout <= TIMEOUT_SHOWN_UP_TO * max(longest, 1e-9) else None
-    peak = max(longest, median or 0, drawn or 0) * 1.1 or 1.0
+    peak = _round_up(max(longest, median or 0, drawn or 0) * 1.05)
     span = (now - since).total_seconds()
     plot_width = CHART_WIDTH - LEFT - RIGHT
     plot_height = CHART_HEIGHT - TOP - BOTTOM
@@ -246,7 +248,7 @@ def chart(
         )
         for run in runs
     ]
-    y_ticks = [Level(y_of(peak * share), peak * share) for share in (0, 0.25, 0.5, 0.75, 1)]
+    y_ticks = [Level(y_of(peak * k / Y_TICKS), peak * k / Y_TICKS) for k in range(Y_TICKS + 1)]
     x_ticks = [
         Tick(x_of(since + (now - since) * k / 6), since + (now - since) * k / 6) for k in range(7)
     ]
@@ -259,3 +261,13 @@ def chart(
         timeout=None if drawn is None else Level(y_of(drawn), drawn),
         timeout_above=timeout if timeout and drawn is None else None,
     )
+
+
+def _round_up(seconds: float) -> float:
+    """The top of the y axis: the smallest 1, 2, 2.5 or 5 times a power of ten, times
+    ``Y_TICKS``, at or over ``seconds``, so that every tick reads round."""
+    if seconds <= 0:
+        return float(Y_TICKS)
+    power = 10 ** math.floor(math.log10(seconds / Y_TICKS))
+    step = next(k * power for k in (1, 2, 2.5, 5, 10) if k * power * Y_TICKS >= seconds)
+    return float(step * Y_TICKS)
