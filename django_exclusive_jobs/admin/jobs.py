@@ -112,8 +112,8 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             **self._picture_context(request),
             "title": _("All jobs"),
             "overview": seen,
-            "rows": [(job, pictures.strip(job.recent)) for job in seen.jobs],
-            "undeclared_rows": [(job, pictures.strip(job.recent)) for job in seen.undeclared],
+            "rows": [(job, self._strip(job.recent)) for job in seen.jobs],
+            "undeclared_rows": [(job, self._strip(job.recent)) for job in seen.undeclared],
         }
         return TemplateResponse(request, "admin/django_exclusive_jobs/jobstate/jobs.html", context)
 
@@ -138,11 +138,17 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "title": name,
             "overview": seen,
             "job": job,
-            "strip": pictures.strip(job.recent),
+            "strip": self._strip(job.recent),
             "chart": pictures.chart(runs, now=seen.now, median=job.median, timeout=timeout),
             "chart_runs": len(runs),
         }
         return TemplateResponse(request, "admin/django_exclusive_jobs/jobstate/job.html", context)
+
+    @staticmethod
+    def _strip(runs: list[JobRun]) -> str:
+        """A job's strip of its last runs, drawn; "" for a job with none."""
+        runs_url = reverse("admin:django_exclusive_jobs_jobrun_changelist")
+        return pictures.draw(pictures.strip(runs), runs_url) if runs else ""
 
     def _picture_context(self, request: HttpRequest) -> dict[str, Any]:
         """What the jobs page and a job's page share: the admin's, the pictures'."""
@@ -151,7 +157,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "opts": self.model._meta,
             "ok": Health.OK,
             "can_change": self.has_change_permission(request),
-            "legend": pictures.legend(),
+            "legend": [(pictures.draw(sample, ""), said) for sample, said in pictures.legend()],
             "strip_runs": pictures.STRIP_RUNS,
             "chart_days": pictures.CHART_DAYS,
             "chart_limit": pictures.CHART_RUNS,
