@@ -88,6 +88,7 @@ class JobHealth:
     paused_at: dt.datetime | None = None
     schedulers: int | None = None  # alive schedulers serving it; None: no known one does
     requests: list[RunRequest] = field(default_factory=list)  # run now / backfill, waiting
+    recent: list[JobRun] = field(default_factory=list)  # its last runs, newest first
     badge: str = Health.OK
     problems: list[str] = field(default_factory=list)
     kinds: list[Health] = field(default_factory=list)  # each problem's kind, in order
@@ -190,11 +191,14 @@ class Overview:
         }
 
 
-def overview(using: str, *, slots: int = 1) -> Overview:
-    """Read every job's state: eight queries, however many jobs and runs there are.
+def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
+    """Read every job's state: eight queries, however many jobs and runs there are (nine
+    with ``recent``).
 
     ``slots``: how many of each scheduled job's next slots to compute (on the database's
     clock read here, without a query more; the jobs page shows 5).
+    ``recent``: how many of each job's last runs to read, missed and skipped slots
+    included (one query for all jobs; the jobs page's strips show 50).
 
     A declared job with no lock row yet gets one now (one more query, once): the row's
     creation is when this database first saw the job, which "never ran" counts from.
@@ -216,6 +220,11 @@ def overview(using: str, *, slots: int = 1) -> Overview:
     medians = runs.medians()
     schedulers = list(Scheduler.objects.using(using).known().with_state())
     states = {state.name: state for state in JobState.objects.using(using)}
+    last_runs: dict[str, list[JobRun]] = {}
+    # Only what a strip shows: no error texts, fifty times a thousand jobs.
+    shown = ("name", "status", "slot", "started_at", "duration")
+    for run in runs.last_runs(recent).only(*shown) if recent else ():
+        last_runs.setdefault(run.name, []).append(run)
     requests: dict[str, list[RunRequest]] = {}
     for request in RunRequest.objects.using(using).pending().runs().order_by("id"):
         requests.setdefault(request.name, []).append(request)
@@ -226,6 +235,7 @@ def overview(using: str, *, slots: int = 1) -> Overview:
     for name in sorted(set(declared) | set(locks)):
         job = declared.get(name)
         health = JobHealth(name, declared=job is not None, requests=requests.get(name, []))
+        health.recent = last_runs.get(name, [])
         lock = locks.get(name)
         if lock is not None:
             _read_lock(health, lock, found)

@@ -268,6 +268,28 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
             durations[name].append(float(duration or 0))
         return {name: statistics.median(values) for name, values in durations.items()}
 
+    def last_runs(self, per_job: int) -> JobRunQuerySet:
+        """Each job's newest ``per_job`` rows, missed and skipped slots included, newest
+        first within a job (one query, whatever the number of jobs): the jobs page's strip
+        of runs."""
+        return (
+            self.annotate(
+                rank=Window(
+                    RowNumber(),
+                    partition_by=[F("name")],
+                    order_by=[F("started_at").desc(), F("id").desc()],
+                )
+            )
+            .filter(rank__lte=per_job)
+            .order_by("name", "-started_at", "-id")
+        )
+
+    def durations_since(self, name: str, since: dt.datetime, limit: int) -> list[JobRun]:
+        """The job's runs that started since ``since`` and have a duration, at most the
+        newest ``limit``, oldest first (one query): the job's page's chart of durations."""
+        newest = self.filter(name=name, started_at__gte=since, duration__isnull=False)
+        return list(reversed(newest.order_by("-started_at", "-id")[:limit]))
+
     def counts_since(self, since: dt.datetime) -> dict[str, dict[str, int]]:
         """Runs started since ``since``, per job and status (one grouped query)."""
         counts: dict[str, dict[str, int]] = defaultdict(dict)

@@ -429,3 +429,114 @@ def test_on_call_engineer_previews_and_asks_for_a_backfill(browser: Any, live_se
         assert [r.slot for r in RunRequest.objects.order_by("id")] == [three, one]
     finally:
         context.close()
+
+
+def contrast(one: str, other: str) -> float:
+    """The WCAG contrast ratio of two CSS ``rgb(r, g, b)`` colours."""
+
+    def luminance(colour: str) -> float:
+        channels = [int(c) / 255 for c in colour[colour.index("(") + 1 : -1].split(",")[:3]]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    light, dark = sorted((luminance(one), luminance(other)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def pictured_runs() -> None:
+    """Sixty slots, twelve hours apart, of a job with a 20 s timeout: mostly successes of
+    4 to 10 s, failures, a timeout, a lost run, an interrupted one, missed and skipped
+    slots."""
+    import datetime as dt
+
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.models import JobRun
+    from django_exclusive_jobs.run.schedules import Every
+
+    period = dt.timedelta(hours=12)
+    newest = Every(period=period).slot_at(database_now("default"))
+    odd = {3: "failed", 9: "missed", 14: "timed_out", 20: "skipped", 27: "lost", 33: "interrupted"}
+    odd |= {41: "failed", 42: "failed", 47: "missed"}
+    rows = []
+    for n in range(60):
+        slot = newest - n * period
+        status = odd.get(n, "succeeded")
+        seconds = {"missed": None, "skipped": None, "timed_out": 20.0}.get(status, 4.0 + n % 7)
+        rows.append(
+            JobRun(
+                name="pictured",
+                slot=slot,
+                status=status,
+                started_at=slot,
+                finished_at=slot if seconds is None else slot + dt.timedelta(seconds=seconds),
+                duration=seconds,
+                error="RuntimeError: disk full" if status == "failed" else "",
+            )
+        )
+    JobRun.objects.bulk_create(rows)
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_each_jobs_strip_and_a_jobs_chart_read_in_light_and_dark(
+    browser: Any, live_server: Any, scheme: str
+) -> None:
+    from django_exclusive_jobs.run.registry import _jobs
+
+    User.objects.create_superuser("oncall", password="correct horse")
+    exclusive_job("pictured", every="12h", timeout="20s")(lambda: None)
+    pictured_runs()
+    context = browser.new_context(viewport={"width": 1600, "height": 900}, color_scheme=scheme)
+    page = context.new_page()
+    try:
+        log_in(page, live_server.url)
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        row = page.locator("#jobs tr[data-job=pictured]")
+        strip = row.locator("svg.ej-strip")
+        assert strip.get_attribute("aria-label") == (
+            "the last 50 runs: 41 succeeded, 3 failed, 1 interrupted, 1 lost, 2 missed, "
+            "1 timed out, 1 skipped"
+        )
+        failed = strip.locator("a.ej-failed")
+        assert failed.count() == 3
+        assert failed.first.locator("use").get_attribute("href") == "#ej-mark-failed"
+        assert failed.first.locator("title").text_content().endswith(": failed, 4.0 s")
+        assert strip.locator("a.ej-missed rect").count() == 2
+        assert strip.locator("a.ej-skipped circle").count() == 1
+        body = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        ok = strip.locator("a.ej-ok rect").first.evaluate("el => getComputedStyle(el).fill")
+        mark = page.locator("#ej-mark-failed path").evaluate("el => getComputedStyle(el).stroke")
+        assert contrast(ok, body) >= 3, (ok, body)
+        assert contrast(mark, body) >= 3, (mark, body)
+        outline = strip.locator("a.ej-missed rect").first.evaluate(
+            "el => getComputedStyle(el).stroke"
+        )
+        assert contrast(outline, body) >= 3, (outline, body)
+        assert page.locator(".ej-legend li").count() == 8
+        row.scroll_into_view_if_needed()
+        shot(page, f"admin-jobs-strips-{scheme}")
+
+        # The failed bar opens its run, with its error.
+        failed.first.click()
+        assert "disk full" in page.locator("pre.exclusive-jobs-traceback").inner_text()
+
+        page.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        page.locator("#jobs tr[data-job=pictured] a.exclusive-jobs-name").click()
+        chart = page.locator("#duration-chart")
+        assert chart.locator("a.ej-point-link").count() == 57  # the runs with a duration
+        assert chart.locator("a.ej-timed-out use").get_attribute("href") == "#ej-point-timed-out"
+        assert "timeout 20.0 s" in chart.locator("#chart-timeout").text_content()
+        assert "median " in chart.locator("#chart-median").text_content()
+        timeout = chart.locator("#chart-timeout line").evaluate("el => getComputedStyle(el).stroke")
+        assert contrast(timeout, body) >= 3, (timeout, body)
+        shot(page, f"admin-job-{scheme}")
+
+        # The admin's theme toggle wins over the system's preference, the pictures with it.
+        other = "dark" if scheme == "light" else "light"
+        page.evaluate(f"document.documentElement.dataset.theme = '{other}'")
+        flipped = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        line = chart.locator("#chart-timeout line").evaluate("el => getComputedStyle(el).stroke")
+        assert flipped != body and line != timeout
+        assert contrast(line, flipped) >= 3, (line, flipped)
+    finally:
+        context.close()
+        _jobs.pop("pictured", None)

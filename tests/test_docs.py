@@ -1939,7 +1939,9 @@ def test_operations_page_shows_the_jobs_screenshots() -> None:
     """The jobs page's screenshots are on the page and in the repository; the old summary
     page's are gone."""
     page = (DOCS / "operations.md").read_text()
-    for name in ("admin-jobs", "admin-jobs-dark", "admin-jobs-pause-confirmation"):
+    shown = ("admin-jobs", "admin-jobs-dark", "admin-jobs-pause-confirmation")
+    pictures = ("admin-jobs-strips-light", "admin-job-light", "admin-job-dark")
+    for name in shown + pictures:
         assert f"_static/screenshots/{name}.png)" in page
         assert (DOCS / "_static" / "screenshots" / f"{name}.png").exists()
     for path in PAGES:

@@ -4,11 +4,12 @@ cancel a waiting run) and the schedulers (alive / stopped / gone; acknowledge th
 Viewing needs the view permission on "job"; pausing, resuming, asking for a run and
 cancelling one need the change permission. Every action is a POST with CSRF, after a
 page that says what it will do. The job's name travels as a form field, never in the
-URL path.
+URL path (a name may hold any character): the job's own page is ``job/?job=<name>``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.contrib import admin, messages
@@ -23,10 +24,18 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from ..health import Health, overview
 from ..lock.validation import resolve_alias
-from ..models import JobState, RunRequest, Scheduler, SchedulerQuerySet, SchedulerState
+from ..models import (
+    JobRun,
+    JobState,
+    RunRequest,
+    Scheduler,
+    SchedulerQuerySet,
+    SchedulerState,
+)
 from ..run import backfill, control
 from ..run.arguments import describe as describe_arguments
 from ..run.registry import get_job
+from . import pictures
 from .backfill import BackfillForm
 from .display import moment, timestamp
 from .run_now import RunNowForm
@@ -91,20 +100,71 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             self.admin_site.admin_view(self.action_view),
             name="django_exclusive_jobs_jobstate_act",
         )
-        return [act, *super().get_urls()]
+        job = path(
+            "job/",
+            self.admin_site.admin_view(self.job_view),
+            name="django_exclusive_jobs_jobstate_job",
+        )
+        return [act, job, *super().get_urls()]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        seen = overview(self._using(), slots=NEXT_SLOTS, recent=pictures.STRIP_RUNS)
         context = {
-            **self.admin_site.each_context(request),
+            **self._picture_context(request),
             "title": _("All jobs"),
-            "opts": self.model._meta,
-            "overview": overview(self._using(), slots=NEXT_SLOTS),
-            "ok": Health.OK,
-            "can_change": self.has_change_permission(request),
+            "overview": seen,
+            "rows": [(job, self._strip(job.recent)) for job in seen.jobs],
+            "undeclared_rows": [(job, self._strip(job.recent)) for job in seen.undeclared],
         }
         return TemplateResponse(request, "admin/django_exclusive_jobs/jobstate/jobs.html", context)
+
+    def job_view(self, request: HttpRequest) -> HttpResponse:
+        """One job: its health, its last runs and its durations over the last 30 days."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        name = request.GET.get("job", "")
+        using = self._using()
+        seen = overview(using, slots=NEXT_SLOTS, recent=pictures.STRIP_RUNS)
+        found = [job for job in seen.jobs + seen.undeclared if job.name == name]
+        if not found:
+            messages.error(request, _("No job named %(name)r is known.") % {"name": name})
+            return self._back()
+        [job] = found
+        declared = get_job(name)
+        timeout = declared.time_limit if declared is not None else None
+        since = seen.now - dt.timedelta(days=pictures.CHART_DAYS)
+        runs = JobRun.objects.using(using).durations_since(name, since, pictures.CHART_RUNS)
+        context = {
+            **self._picture_context(request),
+            "title": name,
+            "overview": seen,
+            "job": job,
+            "strip": self._strip(job.recent),
+            "chart": pictures.chart(runs, now=seen.now, median=job.median, timeout=timeout),
+            "chart_runs": len(runs),
+        }
+        return TemplateResponse(request, "admin/django_exclusive_jobs/jobstate/job.html", context)
+
+    @staticmethod
+    def _strip(runs: list[JobRun]) -> str:
+        """A job's strip of its last runs, drawn; "" for a job with none."""
+        runs_url = reverse("admin:django_exclusive_jobs_jobrun_changelist")
+        return pictures.draw(pictures.strip(runs), runs_url) if runs else ""
+
+    def _picture_context(self, request: HttpRequest) -> dict[str, Any]:
+        """What the jobs page and a job's page share: the admin's, the pictures'."""
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "ok": Health.OK,
+            "can_change": self.has_change_permission(request),
+            "legend": [(pictures.draw(sample, ""), said) for sample, said in pictures.legend()],
+            "strip_runs": pictures.STRIP_RUNS,
+            "chart_days": pictures.CHART_DAYS,
+            "chart_limit": pictures.CHART_RUNS,
+        }
 
     def change_view(
         self, request: HttpRequest, object_id: str, *args: Any, **kwargs: Any
