@@ -194,7 +194,7 @@ def job_row(html: str, name: str) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_jobs_page_draws_each_jobs_strip_escaped(admin_client: Client) -> None:
-    evil = "<script>alert(1)</script>"
+    evil = "<script>alert('strip')</script>"
 
     @exclusive_job(evil, using="default")
     def bad() -> None:
@@ -204,7 +204,7 @@ def test_the_jobs_page_draws_each_jobs_strip_escaped(admin_client: Client) -> No
         with pytest.raises(ValueError, match="boom"):
             bad()
         html, _ = jobs_page(admin_client, "default")
-        row = job_row(html, "&lt;script&gt;alert(1)&lt;/script&gt;")
+        row = job_row(html, "&lt;script&gt;alert(&#x27;strip&#x27;)&lt;/script&gt;")
         [bar] = re.findall(r'<a href="[^"]+" class="ej-bar ej-failed">.*?</a>', row)
         run = JobRun.objects.get(name=evil)
         assert f'href="/admin/django_exclusive_jobs/jobrun/{run.pk}/change/"' in bar
