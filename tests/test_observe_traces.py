@@ -318,3 +318,29 @@ def test_the_scheduler_exports_a_span_per_run_and_none_for_a_job_too_fast_for_se
     )
     assert all(span["parent_id"] is None for span in runs)  # never nested in one another
     assert check_ins == []  # every 2 s: Sentry has no such schedule (W004)
+
+
+def test_what_a_scheduled_job_traces_in_its_own_process_nests_in_the_runs_span(
+    alias: str, marker: Path, tmp_path: Path
+) -> None:
+    from .helpers import reaped
+    from .test_command import wait_for
+    from .test_scheduler import start_scheduler, stop
+
+    output = tmp_path / "observed.jsonl"
+    with reaped() as started:
+        scheduler = start_scheduler(
+            started, alias, "--jobs", "observed_tick", env=observed_env(marker, output)
+        )
+        wait_for(lambda: marker.exists() and len(marker.read_text().splitlines()) >= 2)
+        stop(scheduler)
+    spans, _ = read(output)
+    runs = {
+        span["span_id"]: span for span in spans if span["name"] == "exclusive_job observed_tick"
+    }
+    inner = [span for span in spans if span["name"] == "inside the scheduled job"]
+    assert len(inner) >= 2 and runs
+    for span in inner:  # made in the child, exported there, under the scheduler's span
+        parent = runs[span["parent_id"]]
+        assert parent["trace_id"] == span["trace_id"]
+        assert parent["start"] <= span["start"] <= span["end"] <= parent["end"]

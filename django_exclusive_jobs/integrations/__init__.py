@@ -18,6 +18,8 @@ logger = logging.getLogger("django_exclusive_jobs")
 # The setting that turns each integration on, and the module it needs importable.
 PACKAGES = {"OPENTELEMETRY": "opentelemetry.trace", "SENTRY_MONITORS": "sentry_sdk.crons"}
 EXTRAS = {"OPENTELEMETRY": "opentelemetry", "SENTRY_MONITORS": "sentry"}
+# The integrations connected in this process (by connect_enabled).
+connected: set[str] = set()
 
 
 def installed(key: str) -> bool:
@@ -37,10 +39,27 @@ def connect_enabled() -> None:
         from . import opentelemetry
 
         opentelemetry.connect()
+        connected.add("OPENTELEMETRY")
     if app_settings.SENTRY_MONITORS is True and installed("SENTRY_MONITORS"):
         from . import sentry
 
         sentry.connect()
+        connected.add("SENTRY_MONITORS")
+
+
+def trace_context(lock: Any) -> dict[str, str]:
+    """The trace context of ``lock``'s run, for the job's own process (the scheduler's
+    child), so what the job traces nests in the run's span: empty unless OpenTelemetry
+    is on. Never raises."""
+    if "OPENTELEMETRY" not in connected:
+        return {}
+    from . import opentelemetry
+
+    try:
+        return opentelemetry.carrier_of(lock)
+    except Exception as exc:
+        logger.warning("OpenTelemetry: no trace context for the job's process: %s", exc)
+        return {}
 
 
 def quietly(tool: str, what: str) -> Callable[[Callable[..., None]], Callable[..., None]]:

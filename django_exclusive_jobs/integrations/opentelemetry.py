@@ -14,6 +14,8 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..lock.lock import Lock
@@ -21,7 +23,7 @@ from ..run.registry import get_job
 from ..run.schedules import Cron, Every
 from ..run.status import RunStatus
 from ..signals import job_finished, job_skipped, job_started, lock_lost, slot_missed
-from . import quietly
+from . import logger, quietly
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -66,6 +68,46 @@ class _Runs:
 
 
 runs = _Runs()
+
+
+def carrier_of(lock: Lock) -> dict[str, str]:
+    """The W3C trace context of ``lock``'s run span (empty if it has none), for the job's
+    own process: see :func:`continued`."""
+    from opentelemetry import propagate, trace
+
+    span = runs.get(lock)
+    carrier: dict[str, str] = {}
+    if span is not None:
+        propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+@contextmanager
+def continued(carrier: dict[str, str]) -> Iterator[None]:
+    """In the job's own process (the scheduler's child): while the job runs, the run's
+    span (in the scheduler) is the parent of what it traces; what it traced is flushed
+    before the process ends (it ends with ``os._exit``). A failure here is one warning
+    line; the job runs all the same."""
+    token = None
+    try:
+        from opentelemetry import context, propagate
+
+        token = context.attach(propagate.extract(carrier))
+    except Exception as exc:
+        logger.warning("%s: could not continue the run's trace: %s", TOOL, exc)
+    try:
+        yield
+    finally:
+        try:
+            from opentelemetry import context, trace
+
+            if token is not None:
+                context.detach(token)
+            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+            if flush is not None:
+                flush()
+        except Exception as exc:
+            logger.warning("%s: could not export the job's spans: %s", TOOL, exc)
 
 
 def tracer() -> Any:

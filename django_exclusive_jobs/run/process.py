@@ -32,7 +32,7 @@ import socket
 import sys
 import threading
 import time
-from contextlib import suppress
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -101,6 +101,7 @@ class JobProcess:
         margin: float,
         timeout: float | None = None,
         kwargs: dict[str, Any] | None = None,
+        trace: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.grace = grace
@@ -112,7 +113,8 @@ class JobProcess:
         self.reader = Connection(ours.detach())
         try:
             self.child = _server.start(
-                (name, slot, deadline, margin, timeout, kwargs or {}), theirs.fileno()
+                (name, slot, deadline, margin, timeout, kwargs or {}, trace or {}),
+                theirs.fileno(),
             )
         except BaseException:
             self.reader.close()
@@ -204,6 +206,7 @@ def main(
     margin: float,
     timeout: float | None,
     kwargs: dict[str, Any],
+    trace: dict[str, str],
     *,
     report: Connection,
     setup_failure: str = "",
@@ -228,7 +231,7 @@ def main(
         job = get_job(name)
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
-        with stop_on_signals():
+        with stop_on_signals(), _traced(trace):
             value = job.with_arguments(kwargs).call(slot)
         enqueued = value if isinstance(value, Enqueued) else None
         report.send({"finished": True, "enqueued": enqueued, "ended": time.monotonic()})
@@ -261,6 +264,16 @@ class _Limits:
     deadline: float
     margin: float
     timeout_at: float | None
+
+
+def _traced(trace: dict[str, str]) -> AbstractContextManager[None]:
+    """The run's trace continued while the job runs (OpenTelemetry on: ``trace`` is the
+    run span's context), else nothing."""
+    if not trace:
+        return nullcontext()
+    from ..integrations.opentelemetry import continued
+
+    return continued(trace)
 
 
 def _guard(connection: Connection, limits: _Limits) -> tuple[int, int]:

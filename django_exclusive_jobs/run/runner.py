@@ -270,6 +270,7 @@ class Run:
 
     def start_child(self, lock: Lock, *, grace: float) -> JobProcess | RunResult:
         """Start the job in a process of its own; the ended result if it could not."""
+        from ..integrations import trace_context
         from ..lock.keepalive import watchdog_margin
         from .process import JobProcess
 
@@ -285,6 +286,7 @@ class Run:
                 margin=margin,
                 timeout=self.job.time_limit,
                 kwargs=self.job.kwargs,
+                trace=trace_context(lock),
             )
             # Each renewal reaches the child's guard, which stops the job by itself when
             # none comes in time.

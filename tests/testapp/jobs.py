@@ -293,6 +293,14 @@ if os.environ.get("OBSERVED"):
         if os.environ.get("OBSERVED_FAILS"):
             raise RuntimeError("the observed job fell over")
 
+    @exclusive_job("observed_tick", every="2s")
+    def observed_tick(slot: object) -> None:
+        """observed's twin for a scheduler: its span is made in the scheduler's child."""
+        from opentelemetry import trace
+
+        with trace.get_tracer("tests").start_as_current_span("inside the scheduled job"):
+            mark(f"observed_tick {slot.isoformat()}")  # type: ignore[attr-defined]
+
     @exclusive_job("modules_probe")
     def modules_probe() -> None:
         """What a run imported: none of the monitoring integrations when they are off."""
