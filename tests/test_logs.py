@@ -27,9 +27,11 @@ __all__ = ["marker", "schedulers"]  # fixtures
 
 
 def json_settings(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
-    """``env`` for a process whose settings say LOG_FORMAT="json"."""
+    """``env`` for a process whose settings say LOG_FORMAT="json", in a project that
+    configured no logging for the app (the test settings show its warnings as text)."""
     (tmp_path / "json_log_settings.py").write_text(
         "from tests.settings import *  # noqa: F403\nEXCLUSIVE_JOBS = {'LOG_FORMAT': 'json'}\n"
+        "LOGGING = {'version': 1, 'disable_existing_loggers': False}\n"
     )
     return {
         **env,
@@ -43,7 +45,7 @@ def objects(output: str) -> list[dict[str, Any]]:
     printed = [json.loads(text) for text in output.splitlines() if text.strip()]
     for data in printed:
         assert data["event"] in EVENTS, data
-        assert set(data) <= {"time", "message", *FIELDS}, data
+        assert set(data) <= {"time", "level", "logger", "message", *FIELDS}, data
     return printed
 
 
@@ -75,6 +77,32 @@ def test_a_cron_lines_decisions_print_as_json_objects_with_their_fields(
         acquired["slot"],
     )
     assert "already run by" in skipped["message"]
+
+
+def test_a_warning_that_is_no_decision_line_prints_as_json_too(
+    alias: str, marker: Path, tmp_path: Path
+) -> None:
+    # A run left 'running' by a crashed holder: the next holder marks it lost, a warning
+    # of the history's own (not a decision line), which must not come out as plain text.
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.models import JobLock, JobRun
+
+    now = database_now(alias)
+    JobLock.objects.using(alias).create(
+        name="tick", token=1, host="gone", pid=1, acquired_at=now, expires_at=now
+    )
+    JobRun.objects.using(alias).create(
+        name="tick", slot=None, status="running", token=1, host="gone", started_at=now
+    )
+    env = json_settings(tmp_path, command_env(marker, TICK_EVERY="1h"))
+    done = subprocess.run(argv(alias, "tick"), env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    warnings = objects(done.stderr)
+    assert [(w["event"], w["job_name"], w["level"]) for w in warnings] == [
+        ("lost", "tick", "WARNING")
+    ]
+    assert "marked lost" in warnings[0]["message"]
+    assert [data["event"] for data in objects(done.stdout)] == ["acquired", "finished"]
 
 
 @pytest.mark.slow

@@ -110,6 +110,14 @@ def test_catch_up_slots_before_a_late_run_run_before_its_buffered_ones() -> None
     assert (result.run, result.more, result.skipped, result.missed) == (at(11), True, [], [])
 
 
+def test_a_slot_that_came_during_a_short_late_run_is_catch_ups_not_skipped() -> None:
+    # Down 09:10-11:40; catch_up="all" ran 10:00 late, from 11:59:59 to 12:00:01 (two
+    # seconds: no overrun). 11:00 and 12:00 are catch-up's: run in order, not skipped.
+    ran = (at(11, 59) + dt.timedelta(seconds=59), at(12) + dt.timedelta(seconds=1))
+    result = plan(EVERY_HOUR, CatchUp("all"), at(12, 1), at(10), overlap="skip", ran=ran)
+    assert (result.run, result.more, result.skipped, result.missed) == (at(11), True, [], [])
+
+
 def test_slots_after_the_run_ended_are_catch_ups_business() -> None:
     # The run ended at 08:30; 09:00 and 10:00 came while no server ran: missed.
     result = plan(

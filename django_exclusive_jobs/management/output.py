@@ -42,6 +42,8 @@ def line_printer(
     """
 
     as_json = app_settings.LOG_FORMAT == "json"
+    if as_json:
+        _warnings_as_json()
 
     def report(line: str, normal: bool) -> None:
         if shown_by_logging(logger, logging.INFO if normal else logging.WARNING):
@@ -53,3 +55,18 @@ def line_printer(
             command.stdout.write(printed)
 
     return report
+
+
+def _warnings_as_json() -> None:
+    """``LOG_FORMAT="json"`` and no logging configured for the app's records: its
+    warnings that are no decision line (a lock found lost, a run marked lost) would reach
+    Python's last-resort handler as plain text. They go to stderr as JSON objects instead
+    (once per process)."""
+    from ..logs import JSONFormatter, logger
+
+    if shown_by_logging(logger, logging.WARNING):
+        return  # the project's logging shows them, in its own format
+    handler = logging.StreamHandler()  # stderr
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(JSONFormatter())
+    logger.addHandler(handler)

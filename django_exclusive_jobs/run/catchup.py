@@ -154,6 +154,8 @@ def plan(
     start = start_of or (lambda slot: slot)
     if overlap == "allow_all":
         ran = None  # side by side: a slot that came during a run is run like any other
+    elif overlap == "skip" and ran is not None and not _overran(schedule, last_recorded, ran):
+        ran = None  # a slot came during it only because it began late: catch_up's
     # Slots whose start (with its jitter) came while the previous run ran: overlap's.
     # Under buffer_all, a previous run that began after its slot was itself buffered,
     # and the slots that came before it began were buffered with it: they run too (the
@@ -179,3 +181,9 @@ def plan(
     missed = [slot for slot in due if slot not in runnable]
     runnable = sorted(buffered_slots + runnable)  # oldest first: each is then the latest
     return Plan(runnable[0] if runnable else None, missed, len(runnable) > 1, skipped)
+
+
+def _overran(schedule: Schedule, slot: dt.datetime, ran: tuple[dt.datetime, dt.datetime]) -> bool:
+    """The run of ``slot`` lasted its slot's interval or longer. A shorter one that a slot
+    came during began late (a catch-up run): that slot is catch_up's, not overlap's."""
+    return ran[1] - ran[0] >= schedule.next_after(slot) - slot
