@@ -62,6 +62,17 @@ def trace_context(lock: Any) -> dict[str, str]:
         return {}
 
 
+def connect_receivers(receivers: Any, dispatch: str, *, connected: bool = True) -> None:
+    """Connect (or, with ``connected=False``, disconnect) an integration's receivers,
+    each under a dispatch uid of its own."""
+    for signal, receiver in receivers:
+        uid = f"{dispatch}.{receiver.__name__}"
+        if connected:
+            signal.connect(receiver, dispatch_uid=uid)
+        else:
+            signal.disconnect(receiver, dispatch_uid=uid)
+
+
 def quietly(tool: str, what: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """A signal receiver that never raises: a failure is one warning line, and the job
     goes on (Django's ``Signal.send`` would raise it into the run)."""

@@ -23,7 +23,7 @@ from ..run.registry import get_job
 from ..run.schedules import Cron, Every
 from ..run.status import RunStatus
 from ..signals import job_finished, job_skipped, job_started, lock_lost, slot_missed
-from . import logger, quietly
+from . import connect_receivers, logger, quietly
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -266,10 +266,8 @@ RECEIVERS = (
 
 
 def connect() -> None:
-    for signal, receiver in RECEIVERS:
-        signal.connect(receiver, dispatch_uid=f"{DISPATCH}.{receiver.__name__}")
+    connect_receivers(RECEIVERS, DISPATCH)
 
 
 def disconnect() -> None:
-    for signal, receiver in RECEIVERS:
-        signal.disconnect(receiver, dispatch_uid=f"{DISPATCH}.{receiver.__name__}")
+    connect_receivers(RECEIVERS, DISPATCH, connected=False)

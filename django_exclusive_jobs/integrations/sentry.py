@@ -27,7 +27,7 @@ from ..run.registry import Job, all_jobs, get_job
 from ..run.schedules import Cron, Every
 from ..run.status import RunStatus
 from ..signals import job_finished, job_started
-from . import quietly
+from . import connect_receivers, quietly
 
 TOOL = "Sentry"
 DISPATCH = "django_exclusive_jobs.sentry"
@@ -208,10 +208,8 @@ RECEIVERS = ((job_started, on_started), (job_finished, on_finished))
 
 
 def connect() -> None:
-    for signal, receiver in RECEIVERS:
-        signal.connect(receiver, dispatch_uid=f"{DISPATCH}.{receiver.__name__}")
+    connect_receivers(RECEIVERS, DISPATCH)
 
 
 def disconnect() -> None:
-    for signal, receiver in RECEIVERS:
-        signal.disconnect(receiver, dispatch_uid=f"{DISPATCH}.{receiver.__name__}")
+    connect_receivers(RECEIVERS, DISPATCH, connected=False)
