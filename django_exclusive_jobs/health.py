@@ -28,8 +28,9 @@ from .models import (
     SchedulerState,
     running_long,
 )
-from .run import slot_locks
+from .run import overrides, slot_locks
 from .run.arguments import describe as describe_arguments
+from .run.control import AUTO_PAUSER
 from .run.preview import Upcoming, upcoming
 from .run.registry import Job, all_jobs
 from .run.schedules import Cron, Every, Schedule
@@ -42,6 +43,7 @@ class Health(models.TextChoices):
     order), else ``paused``, ``interrupted``, ``never ran`` or ``ok``."""
 
     PAUSED = "paused"
+    PAUSED_AFTER_FAILURES = "paused after failures"
     STALE_LOCK = "stale lock"
     RUNNING_LONG = "running long"
     UNSERVED = "unserved"
@@ -81,11 +83,19 @@ class JobHealth:
     lock_id: int | None = None
     holder: str = ""
     running_for: float | None = None
-    last_pause: tuple[dt.datetime, dt.datetime] | None = None  # its slots are not unrun
+    # Spans whose slots are not unrun: its last pause, before its schedule was in force.
+    quiet: list[tuple[dt.datetime, dt.datetime]] = field(default_factory=list)
     task_status: str = ""  # a django.tasks job: what its backend says of the last enqueue
     paused: bool = False
     paused_by: str = ""
     paused_at: dt.datetime | None = None
+    pause_reason: str = ""
+    paused_until: dt.datetime | None = None
+    # What operators override of its declaration (see overrides.drift), by whom and why.
+    overrides: list[dict[str, str]] = field(default_factory=list)
+    overridden_by: str = ""
+    overridden_at: dt.datetime | None = None
+    override_reason: str = ""
     schedulers: int | None = None  # alive schedulers serving it; None: no known one does
     requests: list[RunRequest] = field(default_factory=list)  # run now / backfill, waiting
     recent: list[JobRun] = field(default_factory=list)  # its last runs, newest first
@@ -128,6 +138,14 @@ class JobHealth:
             "running_for": self.running_for,
             "paused": self.paused,
             "paused_by": self.paused_by,
+            "pause_reason": self.pause_reason or None,
+            "paused_until": _iso(self.paused_until),
+            "overrides": [
+                {"setting": o["setting"], "value": o["value"], "code": o["code"]}
+                for o in self.overrides
+            ],
+            "overridden_by": self.overridden_by or None,
+            "override_reason": self.override_reason or None,
             "requests": [
                 {
                     "id": r.pk,
@@ -246,11 +264,9 @@ def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
         health.missed_24h = counts[name].get(RunStatus.MISSED, 0)
         health.median = medians.get(name)
         state = states.get(name)
-        if state is not None and state.paused_at and state.resumed_at:
-            health.last_pause = (state.paused_at, state.resumed_at)
-        if state is not None and state.paused:
-            health.paused, health.paused_by = True, state.paused_by
-            health.paused_at = state.paused_at
+        if state is not None:
+            _read_state(health, job, state, now)
+            job = overrides.in_force(job, state) if job is not None else None
         if any(row.serves(name) for row in schedulers):
             health.schedulers = sum(row.serves(name) for row in alive)
         if job is not None:
@@ -311,6 +327,19 @@ def _every_in_words(period: dt.timedelta) -> str:
     return f"Every {period.total_seconds():g} seconds"
 
 
+def _read_state(health: JobHealth, job: Job | None, state: JobState, now: dt.datetime) -> None:
+    """What operators decided: its pause (a pause past its end is over), its override."""
+    health.quiet = state.quiet(now)
+    if state.paused_now(now):
+        health.paused, health.paused_by = True, state.paused_by
+        health.paused_at, health.paused_until = state.paused_at, state.paused_until
+        health.pause_reason = state.pause_reason
+    if state.override:
+        health.overrides = overrides.drift(job, state)
+        health.overridden_by, health.overridden_at = state.overridden_by, state.overridden_at
+        health.override_reason = state.override_reason
+
+
 def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None:
     health.arguments = describe_arguments(job.kwargs)
     if job.schedule is None:
@@ -327,6 +356,8 @@ def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None
 def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedulers: bool) -> None:
     """Set the badge and one line per problem: the one definition of a job's health."""
     found: list[tuple[Health, str]] = []
+    if health.paused and health.paused_by == AUTO_PAUSER:
+        found.append((Health.PAUSED_AFTER_FAILURES, health.pause_reason))
     if health.lock_state == LockState.STALE:
         found.append((Health.STALE_LOCK, "its holder's lease ran out and it was never released"))
     if running_long(health.running_for, health.median):
@@ -410,9 +441,8 @@ def _unrun_slot(health: JobHealth, job: Job, now: dt.datetime) -> dt.datetime | 
     since = health.last_slot if health.last_slot is not None else health.first_seen
     if since is None or slot <= since:
         return None
-    pause = health.last_pause
-    if pause is not None and pause[0] <= slot <= pause[1]:
-        return None  # it fell in the job's last pause: not run, on purpose
+    if any(begin <= slot <= end for begin, end in health.quiet):
+        return None  # in the job's last pause, or before its schedule: not run, on purpose
     return slot
 
 

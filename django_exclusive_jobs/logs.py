@@ -41,6 +41,8 @@ EVENTS = {
     "scheduler": "a scheduler started, is stopping, or stopped",
     "not_started": "a due job could not be started",
     "backfill": "a backfill's plan, progress or result",
+    "override": "a scheduler runs a job as an operator overrode it, or back as its code says",
+    "paused": "a job was paused by the app: its last runs failed (pause_after=N)",
 }
 
 # EXCLUSIVE_JOBS["LOG_FORMAT"]: what the commands print.

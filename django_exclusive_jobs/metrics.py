@@ -58,8 +58,8 @@ logger = logging.getLogger("django_exclusive_jobs")
 
 PREFIX = "exclusive_jobs"
 # How a run ended: the statuses of runs_total (missed and skipped slots have counters of
-# their own: they are slots nobody ran, not runs; running is no end).
-NOT_ENDS = (RunStatus.RUNNING, RunStatus.MISSED, RunStatus.SKIPPED)
+# their own: they are slots nobody ran, not runs, as paused ones are; running is no end).
+NOT_ENDS = (RunStatus.RUNNING, *RunStatus.not_runs())
 ENDS = [status for status in RunStatus.values if status not in NOT_ENDS]
 # Each problem kind of the health checks, as a label value.
 PROBLEMS = {kind: kind.value.replace(" ", "_") for kind in Health}

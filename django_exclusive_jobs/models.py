@@ -14,7 +14,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, ClassVar
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import (
     Case,
     Count,
@@ -139,11 +139,11 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
     def with_runs(self) -> JobLockQuerySet:
         """Annotate, from run history: ``run_started_at`` (the start of the run the lock's
         current token belongs to, while it is ``running``), ``last_run_id`` (the job's
-        latest run: a ``missed`` or ``skipped`` slot is no run), ``previous_status`` (the
-        status of the run before it) and
+        latest run: a ``missed``, ``skipped`` or ``paused`` slot is no run),
+        ``previous_status`` (the status of the run before it) and
         ``last_slot_id`` (the newest attempt of its latest slot: a backfill's, say)."""
         runs = JobRun.objects.filter(name=OuterRef("name"))
-        latest = runs.exclude(status__in=[RunStatus.MISSED, RunStatus.SKIPPED])
+        latest = runs.exclude(status__in=RunStatus.not_runs())
         latest = latest.order_by("-started_at", "-id")
         current = runs.running().filter(token=OuterRef("token"))
         return self.annotate(
@@ -166,15 +166,36 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
         ]
         return self.filter(name__in=names)
 
-    def force_release(self) -> int:
-        """Free these locks now, whoever holds them; return how many changed.
+    def force_release(self, by: str = "") -> int:
+        """Free these locks now, whoever holds them; return how many changed. With ``by``
+        (an operator), each lock freed is recorded in the audit under its job's name.
 
         The row keeps its token but is marked released, so the old holder's next renew
         or ``ensure_held()`` raises ``LockLost`` and the next acquisition takes a
         higher token.
         """
+        from .run import audit
+        from .run.slot_locks import job_of
+
         now = DatabaseNow()
-        return self.exclude(lock_states()[LockState.FREE]).update(released_at=now, expires_at=now)
+        freed = self.exclude(lock_states()[LockState.FREE])
+        if not by:
+            return freed.update(released_at=now, expires_at=now)
+        count = 0
+        for pk, name, token, host, pid in list(
+            freed.values_list("pk", "name", "token", "host", "pid")
+        ):
+            # One lock at a time, each released and recorded together: exactly the locks
+            # this call freed (one taken meanwhile is left to the caller's filter).
+            with transaction.atomic(using=self.db):
+                if freed.filter(pk=pk).update(released_at=now, expires_at=now):
+                    count += 1
+                    before = {"token": token, "holder": f"{host}:{pid}" if host else ""}
+                    audit.record(
+                        job_of(name), JobChange.Action.FORCE_RELEASE, by=by, before=before,
+                        after={"lock": name}, using=self.db,
+                    )  # fmt: skip
+        return count
 
 
 class JobLock(models.Model):
@@ -313,7 +334,7 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         that ran (no retry, backfill, missed or skipped slot). ``more``: querysets of the
         same columns, read in the same statement (:meth:`RunTotalQuerySet.tallies`)."""
         first_attempt = Q(slot__isnull=False, attempt=1, backfill=False) & ~Q(
-            status__in=[RunStatus.MISSED, RunStatus.SKIPPED]
+            status__in=RunStatus.not_runs()
         )
         late = SecondsBetween("slot", "started_at")
         measured = When(first_attempt, then=_bucket(late, LATENESS_BUCKETS))
@@ -649,18 +670,55 @@ class Scheduler(models.Model):
 
 
 class JobState(models.Model):
-    """What operators decided about a job: paused or not, when and by whom.
+    """What operators decided about a job: paused or not, and what of its declaration
+    they override (see ``run/overrides.py``), when, by whom and why.
 
-    No row means never paused. The last pause's start and end are kept: the slots
-    between them are not counted as missed.
+    No row means never paused, nothing overridden. The last pause's start and end are
+    kept: the slots between them are not counted as missed. The code stays the source of
+    truth: ``code`` keeps what the declaration said of each overridden setting when it
+    was overridden, so a later change of the code shows as drift too.
     """
 
     name = JobNameField(_("name"), max_length=255, unique=True)
     paused = models.BooleanField(_("paused"), default=False)
     paused_at = models.DateTimeField(_("paused at"), null=True, blank=True)
     paused_by = models.CharField(_("paused by"), max_length=255, blank=True)
+    pause_reason = models.TextField(_("why it is paused"), blank=True)
+    paused_until = models.DateTimeField(
+        _("paused until"),
+        null=True,
+        blank=True,
+        help_text=_("The pause ends by itself then (database time); empty: until resumed."),
+    )
     resumed_at = models.DateTimeField(_("resumed at"), null=True, blank=True)
     resumed_by = models.CharField(_("resumed by"), max_length=255, blank=True)
+    override = models.JSONField(
+        _("override"),
+        default=dict,
+        blank=True,
+        help_text=_(
+            "The settings an operator overrides, over the code's: schedule, kwargs, "
+            "timeout, overlap."
+        ),
+    )
+    code = models.JSONField(
+        _("the code said"),
+        default=dict,
+        blank=True,
+        help_text=_("What the code declared of each overridden setting when it was overridden."),
+    )
+    overridden_at = models.DateTimeField(_("overridden at"), null=True, blank=True)
+    overridden_by = models.CharField(_("overridden by"), max_length=255, blank=True)
+    override_reason = models.TextField(_("why it is overridden"), blank=True)
+    schedule_since = models.DateTimeField(
+        _("schedule in force since"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "When the schedule in force began (an override of it, or back to the code): "
+            "its slots before then are not counted as missed."
+        ),
+    )
 
     class Meta:
         verbose_name = _("job")
@@ -670,6 +728,63 @@ class JobState(models.Model):
 
     def __str__(self) -> str:
         return str(self.name)
+
+    def paused_now(self, now: dt.datetime) -> bool:
+        """Paused at ``now`` (database time): a pause with an end is over from then."""
+        return self.paused and (self.paused_until is None or now < self.paused_until)
+
+    def why_paused(self) -> str:
+        """The pause in words: who, since when, until when, why."""
+        since = self.paused_at.isoformat(timespec="seconds") if self.paused_at else "?"
+        said = f"paused by {self.paused_by or '?'} since {since}"
+        if self.paused_until is not None:
+            said += f" until {self.paused_until.isoformat(timespec='seconds')}"
+        return said + (f": {self.pause_reason}" if self.pause_reason else "")
+
+    def quiet(self, now: dt.datetime) -> list[tuple[dt.datetime, dt.datetime]]:
+        """The spans whose slots are not missed: the last pause, once over (resumed, or
+        past its end), and the time before the schedule in force came in force."""
+        spans = []
+        if self.paused and self.paused_at and self.paused_until and now >= self.paused_until:
+            spans.append((self.paused_at, self.paused_until))
+        elif not self.paused and self.paused_at and self.resumed_at:
+            spans.append((self.paused_at, self.resumed_at))
+        if self.schedule_since is not None:
+            spans.append((dt.datetime.min.replace(tzinfo=dt.UTC), self.schedule_since))
+        return spans
+
+
+class JobChange(models.Model):
+    """One thing an operator did to a job: an override, a pause, a resume, a run now, a
+    backfill, a cancelled request, a lock released by force (see ``run/audit.py``). Never
+    changed or deleted by the app."""
+
+    class Action(models.TextChoices):
+        OVERRIDE = "override", _("override")
+        BACK_TO_CODE = "back_to_code", _("back to the code")
+        PAUSE = "pause", _("pause")
+        RESUME = "resume", _("resume")
+        RUN_NOW = "run_now", _("run now")
+        BACKFILL = "backfill", _("backfill")
+        CANCEL = "cancel", _("cancel a waiting run")
+        FORCE_RELEASE = "force_release", _("force-release the lock")
+
+    name = JobNameField(_("job"), max_length=255)
+    at = models.DateTimeField(_("at"))
+    by = models.CharField(_("by"), max_length=255)
+    action = models.CharField(_("action"), max_length=16, choices=Action.choices)
+    reason = models.TextField(_("reason"), blank=True)
+    before = models.JSONField(_("before"), default=dict, blank=True)
+    after = models.JSONField(_("after"), default=dict, blank=True)
+
+    class Meta:
+        verbose_name = _("job change")
+        verbose_name_plural = _("job changes")
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["name", "-at"], name="exclusive_jobs_change_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.action} by {self.by}"
 
 
 class RunRequestQuerySet(models.QuerySet["RunRequest"]):

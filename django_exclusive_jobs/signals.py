@@ -39,3 +39,8 @@ job_finished = Signal()
 # Arguments: sender (job name), name (str), slot (datetime, UTC), noticed_by (str: the
 # holder that noticed, host:pid:instance).
 slot_missed = Signal()
+
+# A job was paused by the app itself: its last runs failed (``pause_after=N``). An
+# operator's pause sends nothing (it is in the audit). Health reports it until resumed.
+# Arguments: sender (job name), name (str), reason (str), by (str).
+job_paused = Signal()

@@ -40,6 +40,7 @@ def clean_tables(alias: str) -> None:
     from django_tasks_db.models import DBTaskResult
 
     from django_exclusive_jobs.models import (
+        JobChange,
         JobLock,
         JobRun,
         JobState,
@@ -48,7 +49,8 @@ def clean_tables(alias: str) -> None:
         Scheduler,
     )
 
-    for model in (RunRequest, JobLock, JobRun, RunTotal, Scheduler, JobState, DBTaskResult):
+    models = (RunRequest, JobLock, JobRun, RunTotal, Scheduler, JobState, JobChange, DBTaskResult)
+    for model in models:
         model.objects.using(alias).all().delete()
 
 

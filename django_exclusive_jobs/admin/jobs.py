@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 from typing import Any
+from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -23,6 +25,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..health import Health, overview
+from ..lock.clock import database_now
 from ..lock.validation import resolve_alias
 from ..models import (
     JobRun,
@@ -32,12 +35,14 @@ from ..models import (
     SchedulerQuerySet,
     SchedulerState,
 )
-from ..run import backfill, control
+from ..run import audit, backfill, control, overrides
 from ..run.arguments import describe as describe_arguments
+from ..run.preview import upcoming
 from ..run.registry import get_job
 from . import pictures
 from .backfill import BackfillForm
 from .display import moment, timestamp
+from .override import OverrideForm, PauseForm, ReasonForm
 from .run_now import RunNowForm
 
 ACTIONS = {
@@ -46,6 +51,8 @@ ACTIONS = {
     "run": gettext_lazy("Run now"),
     "cancel": gettext_lazy("Cancel the waiting run"),
     "backfill": gettext_lazy("Backfill"),
+    "override": gettext_lazy("Override"),
+    "back": gettext_lazy("Back to the code"),
 }
 # How many of each job's next slots the jobs page shows.
 NEXT_SLOTS = 5
@@ -69,6 +76,19 @@ def what_happens(action: str, name: str, request: RunRequest | None = None) -> s
             "The run of %(name)s asked for by %(who)s at %(when)s will not start. If a "
             "scheduler has taken it already, it runs and is not stopped."
         ) % {"name": name, "who": request.requested_by, "when": moment(request.requested_at)}
+    if action == "override":
+        return _(
+            "What differs from the code below overrides it on every server, within seconds "
+            "and without a restart: the schedulers wake at the new slots, cron lines serve "
+            "them. Slots already run are not run again; the slots of the old schedule that "
+            "have not come are not run. The jobs page shows it as drift from the code until "
+            "you go back to the code."
+        ) % {"name": name}
+    if action == "back":
+        return _(
+            "%(name)s runs as its code says again, on every server within seconds: every "
+            "override of it is dropped."
+        ) % {"name": name}
     if action == "backfill":
         return _(
             "Each slot of %(name)s in the range that has no run that succeeded (missed, "
@@ -144,6 +164,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             "strip": self._strip(job.recent),
             "chart": pictures.chart(runs, now=seen.now, median=job.median, timeout=timeout),
             "chart_runs": len(runs),
+            "changes": audit.changes(name, using=using),
         }
         return TemplateResponse(request, "admin/django_exclusive_jobs/jobstate/job.html", context)
 
@@ -188,16 +209,23 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 return self._back()
         if action == "backfill":
             return self._backfill(request, name, data)
-        form = None
+        if action == "override":
+            return self._override(request, name, data)
+        job = get_job(name)
+        assert job is not None
+        posted = data if request.method == "POST" else None
+        form: forms.Form | None = None
         if action == "run":  # with its arguments, checked before anything is asked for
-            job = get_job(name)
-            assert job is not None
-            form = RunNowForm(job, data if request.method == "POST" else None)
+            form = RunNowForm(job, posted)
+        elif action == "pause":
+            form = PauseForm(job, posted)
+        elif action in ("resume", "back"):
+            form = ReasonForm(posted)
         confirmed = request.method == "POST" and data.get("confirm") == "yes"
         if confirmed and (form is None or form.is_valid()):
-            given = form.cleaned_data["arguments"] if form is not None else {}
+            given = form.cleaned_data if form is not None else {}
             self._do(request, action, name, waiting, given)
-            return self._back()
+            return self._back(name if action in ("back", "pause", "resume") else "")
         context = {
             **self.admin_site.each_context(request),
             "title": _("%(action)s %(name)s?") % {"action": ACTIONS[action], "name": name},
@@ -282,12 +310,25 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ) -> None:
         who = f"{request.user.get_username()} (admin)"
         using = self._using()
+        reason = given.get("reason", "")
         if action == "pause":
-            control.pause(name, by=who, using=using)
+            until = given.get("until")
+            control.pause(name, by=who, using=using, reason=reason, until=until)
+            ends = f" until {until.isoformat()}" if until else ""
+            self._log(request, name, f"Paused {name}{ends}: {reason}")
             messages.success(request, _("Paused %(name)s.") % {"name": name})
         elif action == "resume":
-            control.resume(name, by=who, using=using)
+            control.resume(name, by=who, using=using, reason=reason)
+            self._log(request, name, f"Resumed {name}" + (f": {reason}" if reason else ""))
             messages.success(request, _("Resumed %(name)s.") % {"name": name})
+        elif action == "back":
+            job = get_job(name)
+            assert job is not None
+            if overrides.back_to_code(job, by=who, using=using, reason=reason):
+                self._log(request, name, f"Back to the code: {name}")
+                messages.success(request, _("%(name)s runs as its code says.") % {"name": name})
+            else:
+                messages.info(request, _("%(name)s had no override.") % {"name": name})
         elif action == "cancel":
             assert waiting is not None
             if control.cancel(waiting.pk, by=who, using=using):
@@ -296,6 +337,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             else:
                 messages.warning(request, _("A run took the request first: it was not cancelled."))
         else:
+            given = given.get("arguments", {})
             made = control.request_run(name, by=who, using=using, kwargs=given)
             arguments = describe_arguments(given)
             line = f"Run now of {name}" + (f" with arguments {arguments}" if arguments else "")
@@ -315,7 +357,61 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 )
                 messages.warning(request, alone % {"name": name})
 
-    def _back(self) -> HttpResponse:
+    def _override(self, request: HttpRequest, name: str, data: Any) -> HttpResponse:
+        """GET: the settings in force; POST: the next slots and what changes; POST with
+        ``confirm=yes``: override (recorded in the audit and the admin's log)."""
+        job = get_job(name)
+        assert job is not None
+        using = self._using()
+        in_force = overrides.job_in_force(name, using=using)
+        form = OverrideForm(job, in_force, data if request.method == "POST" else None)
+        preview: list[Any] = []
+        if form.is_valid():
+            proposed = overrides.apply(job, form.changes)
+            if request.method == "POST" and data.get("confirm") == "yes":
+                who = f"{request.user.get_username()} (admin)"
+                reason = form.cleaned_data["reason"]
+                after = overrides.override(job, form.changes, reason=reason, by=who, using=using)
+                said = overrides.describe_all(after)
+                self._log(request, name, f"Overrode {name}: {said or 'as the code'}: {reason}")
+                messages.success(
+                    request,
+                    _("%(name)s overridden: %(what)s.") % {"name": name, "what": said}
+                    if said
+                    else _("%(name)s runs as its code says.") % {"name": name},
+                )
+                return self._back(name)
+            if proposed.schedule is not None:
+                now = database_now(using)
+                preview = upcoming(proposed, now, NEXT_SLOTS)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Override %(name)s") % {"name": name},
+            "opts": self.model._meta,
+            "job": name,
+            "action": "override",
+            "action_label": ACTIONS["override"],
+            "what_happens": what_happens("override", name),
+            "form": form,
+            "preview": preview,
+            "code": [
+                (setting, overrides.describe(setting, value))
+                for setting, value in overrides.code_of(job).items()
+            ],
+        }
+        return TemplateResponse(
+            request, "admin/django_exclusive_jobs/jobstate/override.html", context
+        )
+
+    def _log(self, request: HttpRequest, name: str, message: str) -> None:
+        """A line in Django's admin log, on the job's row (made if missing)."""
+        state, _made = JobState.objects.using(self._using()).get_or_create(name=name)
+        self.log_change(request, state, message)
+
+    def _back(self, name: str = "") -> HttpResponse:
+        if name:
+            job_page = reverse("admin:django_exclusive_jobs_jobstate_job")
+            return HttpResponseRedirect(f"{job_page}?{urlencode({'job': name})}")
         return HttpResponseRedirect(reverse("admin:django_exclusive_jobs_jobstate_changelist"))
 
     @staticmethod

@@ -244,7 +244,8 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def _force_release(self, request: HttpRequest, queryset: QuerySet[JobLock]) -> int:
         assert isinstance(queryset, JobLockQuerySet)
         locks = list(queryset.closed() | queryset.stale())
-        released = queryset.filter(pk__in=[lock.pk for lock in locks]).force_release()
+        who = f"{request.user.get_username()} (admin)"
+        released = queryset.filter(pk__in=[lock.pk for lock in locks]).force_release(by=who)
         for lock in locks:
             # The admin's own history ("History" on the lock), version-independent.
             self.log_change(

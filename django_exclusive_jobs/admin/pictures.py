@@ -41,6 +41,7 @@ LOOKS = {
     RunStatus.RUNNING: "running",
     RunStatus.MISSED: "missed",
     RunStatus.SKIPPED: "skipped",
+    RunStatus.PAUSED: "skipped",
 }
 # The legend: each look, and how it shows besides its colour.
 LEGEND = [
@@ -51,7 +52,7 @@ LEGEND = [
     ("stopped", _("interrupted or cancelled: a hollow bar")),
     ("running", _("running: a dashed bar, • below")),
     ("missed", _("missed: a gap with a dashed outline")),
-    ("skipped", _("skipped: a small circle")),
+    ("skipped", _("skipped or paused: a small circle")),
 ]
 
 BAR_WIDTH = 5

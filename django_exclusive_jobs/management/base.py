@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import getpass
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -148,3 +150,9 @@ def count_option(option: str, most: int) -> Callable[[str], int]:
         return parsed
 
     return parse
+
+
+def operator(given: str = "") -> str:
+    """Who runs a command, as the audit and the run history record it: ``--by``, else
+    ``user@host``."""
+    return given or f"{getpass.getuser()}@{socket.gethostname()}"

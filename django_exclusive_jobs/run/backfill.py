@@ -28,7 +28,7 @@ from ..lock.clock import database_now
 from ..lock.durations import parse_duration
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
-from . import control
+from . import audit, control
 from .registry import Job
 from .runner import EXIT_FAILED, EXIT_OK, Run, RunResult
 from .status import RunStatus
@@ -197,6 +197,8 @@ def run_slots(
         logs.say(report, logs.line("backfill", text, job_name=job.name, **fields), normal=normal)
 
     say(backfill.describe(), status="planned", slots=backfill.slots)
+    if backfill.slots:
+        _audit(backfill, by=by, using=using)
     with stop_on_signals(on_signal):
         for index, slot in enumerate(backfill.slots):
             if received:
@@ -233,7 +235,19 @@ def run_slots(
 def request_slots(backfill: Backfill, *, by: str, using: str) -> list[RunRequest]:
     """One run request per slot of ``backfill``, oldest first: the schedulers that serve
     the job run them as they run "run now" requests, one at a time, oldest slot first."""
-    return [
+    made = [
         control.request_run(backfill.job.name, by=by, using=using, slot=slot)
         for slot in backfill.slots
     ]
+    if made:
+        _audit(backfill, by=by, using=using)
+    return made
+
+
+def _audit(backfill: Backfill, *, by: str, using: str) -> None:
+    """One line in the audit for the whole range (each slot is a run of its own)."""
+    from ..models import JobChange
+
+    slots = [slot.isoformat() for slot in backfill.slots]
+    after = {"slots": len(slots), "from": slots[0], "to": slots[-1]}
+    audit.recorded(backfill.job.name, JobChange.Action.BACKFILL, by=by, after=after, using=using)

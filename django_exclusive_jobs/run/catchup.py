@@ -121,7 +121,7 @@ def plan(
     now: dt.datetime,
     last_recorded: dt.datetime | None,
     *,
-    paused: tuple[dt.datetime, dt.datetime] | None = None,
+    quiet: list[tuple[dt.datetime, dt.datetime]] | None = None,
     current: dt.datetime | None = None,
     overlap: str = "skip",
     ran: tuple[dt.datetime, dt.datetime] | None = None,
@@ -131,7 +131,8 @@ def plan(
 
     ``last_recorded`` is the newest slot with a row at or before the current slot; when it
     is the current slot itself there is nothing to plan (the caller skips or retries).
-    Slots within ``paused`` (the job's last pause) are neither run nor missed.
+    Slots within a ``quiet`` span (the job's last pause, the time before its schedule
+    came in force) are neither run nor missed.
     ``current``: the slot this start serves, when not ``schedule.slot_at(now)``.
     ``ran``: when the run of ``last_recorded`` started and ended, if it ran and ended by
     itself: the slots that came in between came during it, and ``overlap`` decides them.
@@ -149,8 +150,8 @@ def plan(
     if last_recorded is None:
         return Plan(current)  # a job's first run: nothing before it, on time or not
     due.reverse()
-    if paused is not None:
-        due = [slot for slot in due if not paused[0] <= slot <= paused[1]]
+    for begin, end in quiet or ():
+        due = [slot for slot in due if not begin <= slot <= end]
     start = start_of or (lambda slot: slot)
     if overlap == "allow_all":
         ran = None  # side by side: a slot that came during a run is run like any other

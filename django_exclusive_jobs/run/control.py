@@ -26,34 +26,88 @@ import datetime as dt
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
+
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
+from . import audit
 from .registry import get_job
 from .runner import Run, RunResult
+from .status import RunStatus
 
 if TYPE_CHECKING:
     from ..models import RunRequest, SchedulerQuerySet
 
 
-def pause(name: str, *, by: str, using: str) -> None:
-    """Pause ``name`` on every server until :func:`resume`."""
-    from ..models import JobState
-
-    values = {"paused": True, "paused_at": DatabaseNow(), "paused_by": by[:255]}
-    run_statement(
-        using, lambda: JobState.objects.using(using).update_or_create(name=name, defaults=values)
-    )
+AUTO_PAUSER = "(exclusive_jobs)"  # who pauses a job after its failures (pause_after=)
 
 
-def resume(name: str, *, by: str, using: str) -> None:
-    """Let ``name`` run again from its next slot; the slots of the pause are not missed."""
-    from ..models import JobState
+def pause(
+    name: str,
+    *,
+    by: str,
+    using: str,
+    reason: str = "",
+    until: dt.datetime | None = None,
+) -> None:
+    """Pause ``name`` on every server until :func:`resume`, or until ``until`` (database
+    time: the pause then ends by itself, see ``JobState.paused_now``), saying why."""
+    from ..models import JobChange, JobState
+
+    values = {
+        "paused": True,
+        "paused_at": DatabaseNow(),
+        "paused_by": by[:255],
+        "pause_reason": reason,
+        "paused_until": until,
+    }
+    after = {"reason": reason, "until": until.isoformat() if until else None}
+
+    def write() -> None:
+        with transaction.atomic(using=using):
+            JobState.objects.using(using).update_or_create(name=name, defaults=values)
+            action = JobChange.Action.PAUSE
+            audit.record(name, action, by=by, reason=reason, after=after, using=using)
+
+    run_statement(using, write)
+
+
+def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
+    """Let ``name`` run again from its next slot; the slots of the pause are not missed.
+    False if it was not paused (a pause past its end is over already)."""
+    from ..models import JobChange, JobState
 
     values = {"paused": False, "resumed_at": DatabaseNow(), "resumed_by": by[:255]}
-    run_statement(
-        using,
-        lambda: JobState.objects.using(using).filter(name=name, paused=True).update(**values),
-    )
+
+    def write() -> bool:
+        with transaction.atomic(using=using):
+            done = JobState.objects.using(using).filter(name=name, paused=True).update(**values)
+            if done:
+                audit.record(name, JobChange.Action.RESUME, by=by, reason=reason, using=using)
+            return bool(done)
+
+    return run_statement(using, write)
+
+
+def pause_after_failures(name: str, failures: int, *, using: str) -> bool:
+    """``pause_after=N``: pause ``name`` if its last ``failures`` runs failed (a slot's
+    last attempt each). True if it paused it now: a health problem until resumed."""
+    from ..models import JobRun, JobState
+    from ..signals import job_paused
+
+    runs = JobRun.objects.using(using).filter(name=name, retry_at__isnull=True)
+    runs = runs.exclude(status__in=[RunStatus.RUNNING, *RunStatus.not_runs()])
+    last = run_statement(using, lambda: list(runs.order_by("-started_at", "-id")[:failures]))
+    failed = [run for run in last if run.status in RunStatus.failures()]
+    if len(failed) < failures:
+        return False
+    paused = JobState.objects.using(using).filter(name=name, paused=True)
+    if run_statement(using, paused.exists):
+        return False
+    reason = f"its last {failures} runs failed (pause_after={failures})"
+    pause(name, by=AUTO_PAUSER, using=using, reason=reason)
+    job_paused.send(sender=name, name=name, reason=reason, by=AUTO_PAUSER)
+    return True
 
 
 def request_run(
@@ -67,15 +121,22 @@ def request_run(
     """Ask for one run of ``name`` outside its schedule (a scheduler will run it); with
     ``slot``, a backfill of that past slot (see ``run/backfill.py``); with ``kwargs``,
     run with them over the job's declared ones (checked here: LockConfigurationError)."""
-    from ..models import RunRequest
+    from ..models import JobChange, RunRequest
 
     given = _checked(name, kwargs)
-    return run_statement(
-        using,
-        lambda: RunRequest.objects.using(using).create(
-            name=name, requested_by=by[:255], requested_at=DatabaseNow(), slot=slot, kwargs=given
-        ),
-    )
+
+    def write() -> RunRequest:
+        with transaction.atomic(using=using):
+            made = RunRequest.objects.using(using).create(
+                name=name, requested_by=by[:255], requested_at=DatabaseNow(), slot=slot,
+                kwargs=given,
+            )  # fmt: skip
+            if slot is None:  # a backfill records its range once (run/backfill.py)
+                after = {"request": made.pk, "kwargs": given}
+                audit.record(name, JobChange.Action.RUN_NOW, by=by, after=after, using=using)
+            return made
+
+    return run_statement(using, write)
 
 
 def _checked(name: str, kwargs: object) -> dict[str, Any]:
@@ -159,12 +220,22 @@ def cancel(request_id: int, *, by: str, using: str) -> bool:
     """Cancel a run request no run has taken yet; False if it was taken (or cancelled)
     first. A run that takes a request marks it taken in one conditional UPDATE, so a
     request is either run once or cancelled, never both."""
-    from ..models import RunRequest
+    from ..models import JobChange, RunRequest
 
     waiting = RunRequest.objects.using(using).pending().filter(pk=request_id)
     now = DatabaseNow()  # taken_at too: no run may take it from now on
     values = {"taken_at": now, "cancelled_at": now, "cancelled_by": by[:255]}
-    return bool(run_statement(using, lambda: waiting.update(**values)))
+
+    def write() -> bool:
+        with transaction.atomic(using=using):
+            request = waiting.first()
+            if request is None or not waiting.update(**values):
+                return False
+            before = {"request": request.pk, "slot": request.slot and request.slot.isoformat()}
+            audit.record(request.name, JobChange.Action.CANCEL, by=by, before=before, using=using)
+            return True
+
+    return run_statement(using, write)
 
 
 def acknowledge(schedulers: SchedulerQuerySet, *, by: str, using: str) -> int:
@@ -201,6 +272,9 @@ def run_now(
     from .shutdown import stop_on_signals
 
     job = job.but(using=using).with_arguments(given)
+    from ..models import JobChange
+
+    audit.recorded(name, JobChange.Action.RUN_NOW, by=by, after={"kwargs": given}, using=using)
     run = Run(job, requested_by=by, report=report, supervised=True)
     with stop_on_signals(run.on_signal):
         return run.call()

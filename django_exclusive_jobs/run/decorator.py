@@ -52,6 +52,7 @@ def exclusive_job(
     jitter: DurationLike | None = None,
     kwargs: dict[str, Any] | None = None,
     schedules: dict[str, dict[str, Any]] | None = None,
+    pause_after: int | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -78,6 +79,7 @@ def exclusive_job(
     jitter: DurationLike | None = None,
     kwargs: dict[str, Any] | None = None,
     schedules: dict[str, dict[str, Any]] | None = None,
+    pause_after: int | None = None,
     **removed: Any,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
@@ -122,6 +124,8 @@ def exclusive_job(
     computes alike from the job and the slot); ``kwargs={...}`` are the (JSON) keyword
     arguments its runs pass; ``schedules={"daily": {"cron": ..., "kwargs": {...}}, ...}``
     declares several schedules, each a job of its own named ``NAME:daily``.
+    ``pause_after=3`` pauses the job once its last 3 runs have failed (a slot's last
+    attempt each): a health problem and the ``job_paused`` signal, until resumed.
     """
     if callable(name):
         return exclusive_job()(name)
@@ -165,6 +169,12 @@ def exclusive_job(
         raise LockConfigurationError("overlap only applies with every= or cron=.")
     make_overlap(overlap, policy)
     spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
+    if pause_after is not None and (
+        isinstance(pause_after, bool) or not isinstance(pause_after, int) or pause_after < 1
+    ):
+        raise LockConfigurationError(
+            f"pause_after must be a whole number of failures of 1 or more, got {pause_after!r}."
+        )
 
     def make_jobs(func: Callable[..., Any], task: Any = None) -> list[Job]:
         """The jobs ``func`` runs as, named ``name`` or ``module.qualname`` (plus
@@ -205,6 +215,7 @@ def exclusive_job(
                     retry_backoff=backoff,
                     jitter=spread[key],
                     kwargs=arguments,
+                    pause_after=pause_after,
                 )
             )
         return jobs

@@ -33,7 +33,7 @@ from .status import RunStatus
 from .tasks import Enqueued
 
 if TYPE_CHECKING:
-    from ..models import JobRun, JobRunQuerySet, RunRequest
+    from ..models import JobRun, JobRunQuerySet, JobState, RunRequest
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -75,6 +75,7 @@ def claim(
     start_of: Callable[[dt.datetime], dt.datetime] | None = None,
     backfill: dt.datetime | None = None,
     slot: dt.datetime | None = None,
+    state: JobState | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -92,6 +93,9 @@ def claim(
     ``slot_locks.py``; None: the job's own lock, for runs with no slot); the start serves
     that slot, and only that lock's runs, and slots whose lock was left stale, are
     closed as abandoned.
+    ``state``: what operators decided about the job (:func:`job_state`, read by the
+    caller, which applies its override to the job first): a pause skips the slot and
+    records it ``paused``; slots of the schedule before it came in force are not missed.
     """
     arguments = kwargs or {}
     side_by_side = overlap == "allow_all"
@@ -102,14 +106,14 @@ def claim(
         return _backfill(lock, name, backfill, requested_by, arguments)
     if requested_by:  # run now, here: paused or not, outside the schedule
         return Claim(_insert(lock, name, None, arguments, requested_by=requested_by))
-    state = run_statement(lock.using, lambda: _states(lock.using).filter(name=name).first())
-    if state is not None and state.paused:
-        when = state.paused_at.isoformat(timespec="seconds") if state.paused_at else "?"
-        return Claim(None, why=f"paused by {state.paused_by or '?'} since {when}")
-    if schedule is None:
-        return Claim(_insert(lock, name, None, arguments))
     if lock.acquired_at is None:
         raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
+    paused = state is not None and state.paused_now(lock.acquired_at)
+    if schedule is None:
+        if paused:
+            assert state is not None
+            return Claim(None, why=state.why_paused())
+        return Claim(_insert(lock, name, None, arguments))
     if not_before is None:
         now, current = lock.acquired_at, schedule.slot_at(lock.acquired_at)
     else:  # the scheduler's start: its due slot, never a coming one
@@ -130,15 +134,18 @@ def claim(
         return _again(lock, name, latest, now, retry, arguments)
     if latest is not None and latest.retry_at is not None:
         _give_up(lock, latest, current)
-    quiet = None
-    if state is not None and state.paused_at and state.resumed_at:
-        quiet = (state.paused_at, state.resumed_at)  # the last pause: not missed
+    if paused:  # the slot is recorded as paused, once; the slots before it are not missed
+        assert state is not None
+        why = state.why_paused()
+        _record_slots(lock, name, [current], RunStatus.PAUSED, f"Paused: {why}.", arguments)
+        return Claim(None, current, why=why)
+    quiet = state.quiet(now) if state is not None else []
     plan = catchup.plan(
         schedule,
         catch_up or CatchUp(),
         now,
         latest.slot if latest else None,
-        paused=quiet,
+        quiet=quiet,
         current=current,
         overlap=overlap,
         ran=_ran(latest),
@@ -162,7 +169,7 @@ def claim(
 def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:
     """When ``run`` started and ended, if it ran and recorded its own end (a run closed
     as abandoned by a later holder has no known end: its server died)."""
-    if run is None or run.status in (RunStatus.MISSED, RunStatus.SKIPPED, RunStatus.RUNNING):
+    if run is None or run.status in (RunStatus.RUNNING, *RunStatus.not_runs()):
         return None
     if run.duration is None or run.finished_at is None:
         return None
@@ -195,10 +202,12 @@ def _ours(lock: Lock) -> dict[str, Any]:
     }
 
 
-def _states(alias: str) -> Any:
+def job_state(name: str, *, using: str) -> JobState | None:
+    """What operators decided about ``name`` (its pause, its override): one query, which
+    every start makes after taking the lock, before its claim."""
     from ..models import JobState
 
-    return JobState.objects.using(alias)
+    return run_statement(using, lambda: JobState.objects.using(using).filter(name=name).first())
 
 
 def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:

@@ -51,6 +51,11 @@ class Job:
     jitter: dt.timedelta = jitters.NONE
     # The keyword arguments its runs call the function with (JSON, checked by the decorator).
     kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Paused by the app after this many failed runs in a row (None: never).
+    pause_after: int | None = None
+    # The arguments this run was asked for with (run now), over ``kwargs``: they win over
+    # an operator's override of the kwargs too (see ``overrides.apply``).
+    given: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the
@@ -69,7 +74,9 @@ class Job:
         """This job as a run asked for with ``given`` arguments runs it: its declared
         ``kwargs`` (its schedule's, for ``NAME:schedule``) updated by ``given``, the given
         ones winning. Not checked: :meth:`check_arguments` is, when they are asked for."""
-        return replace(self, kwargs={**self.kwargs, **given}) if given else self
+        if not given:
+            return self
+        return replace(self, kwargs={**self.kwargs, **given}, given={**self.given, **given})
 
     def check_arguments(self, given: object) -> dict[str, Any]:
         """``given``, if a run may be asked for with them: a dict that, over the declared

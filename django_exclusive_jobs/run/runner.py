@@ -29,7 +29,7 @@ from ..lock.retry import run_statement
 from ..lock.sql import holder_name
 from ..lock.validation import resolve_alias
 from ..logs import line
-from . import history, slot_locks
+from . import history, overrides, slot_locks
 from .child import ChildExit
 from .registry import Job
 from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
@@ -37,7 +37,7 @@ from .status import RunStatus
 from .tasks import Enqueued
 
 if TYPE_CHECKING:
-    from ..models import RunRequest
+    from ..models import JobState, RunRequest
     from .process import JobProcess, Outcome
 
 logger = logging.getLogger("django_exclusive_jobs")
@@ -189,6 +189,8 @@ class Run:
         self.unwritten_end: Callable[[], None] | None = None
         self._started = self._acquired = 0.0
         self._finished: RunResult | None = None
+        self._state: JobState | None = None  # what operators decided, read by _in_force
+        self._state_read = False
         self._finishing = threading.Lock()
 
     @property
@@ -531,6 +533,7 @@ class Run:
         """The slot this start is for, before its lock is taken: the scheduler's due
         slot (``not_before``), else the slot of the database's time, as the claim finds
         it (one read of the clock)."""
+        self._in_force()  # the slot is the schedule's in force
         schedule = self.job.schedule
         assert schedule is not None
         if self.not_before is not None:
@@ -667,7 +670,23 @@ class Run:
                 retry_at=result.retry_at,
             )
         self._say_finished(lock, result)
+        self._pause_if_failing(lock, result)
         return result
+
+    def _pause_if_failing(self, lock: Lock, result: RunResult) -> None:
+        """``pause_after=N``: a slot's last attempt failed; pause the job if the N runs
+        before it did too. A failure to look is one line: the run's end stands."""
+        failures = self.job.pause_after
+        if not failures or result.status not in RunStatus.failures() or result.retry_at:
+            return
+        from . import control
+
+        try:
+            if control.pause_after_failures(self.name, failures, using=lock.using):
+                said = f"paused {self.name}: its last {failures} runs failed (pause_after)"
+                self._say(line("paused", said, job_name=self.name), normal=False)
+        except JobLockError as exc:
+            logger.warning("%s: could not judge pause_after: %s", self.name, exc)
 
     def _retry_at(self, lock: Lock, ended: float | None) -> dt.datetime | None:
         """When this unsuccessful attempt's slot may be tried again (None: no more).
@@ -707,6 +726,7 @@ class Run:
         if not lock.held:  # taking it took longer than its lease: claim nothing
             return self._skipped("the lease ran out while the lock was being taken", "", None)
         not_before = self._on_time(lock)
+        state = self._in_force()
         if self.job.overlap == "cancel_other":  # stops asked of runs before ours are moot
             from . import control
 
@@ -725,6 +745,7 @@ class Run:
             start_of=self.job.start_of,
             backfill=self.backfill,
             slot=self.lock_slot,
+            state=state,
         )
         self.slot, self.more_due = claim.slot, claim.more
         self.retry_at = claim.retry_at
@@ -741,14 +762,26 @@ class Run:
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )
 
+    def _in_force(self) -> JobState | None:
+        """Read what operators decided about the job (once per run: a pause, an
+        override) and run the job as they override it (see ``overrides.py``)."""
+        if not self._state_read:
+            using = resolve_alias(self.job.using)
+            self._state = history.job_state(self.name, using=using)
+            self.job = overrides.in_force(self.job, self._state)
+            self._state_read = True
+        return self._state
+
     def _jitter(self) -> RunResult | None:
         """A cron line fires at the slot; the slot starts later by its jitter: wait for
         that on the database's clock, then serve the slot as the scheduler does (from
         ``not_before``). A line that fires after the start goes at once. A stop while
         waiting ends the run before anything is taken: an INTERRUPTED result."""
-        schedule = self.job.schedule
-        if schedule is None or not self.job.jitter:
+        if self.job.schedule is None or not self.job.jitter:
             return None
+        self._in_force()  # the slot to wait for is the schedule's in force
+        schedule = self.job.schedule
+        assert schedule is not None
         clock = DatabaseClock(resolve_alias(self.job.using))
         run_statement(clock.using, clock.sync)
         slot = schedule.slot_at(clock.now())

@@ -31,7 +31,7 @@ from ..lock.errors import JobLockError, LockDatabaseError
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..logs import Line, line
-from . import control
+from . import control, overrides
 from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
 from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
@@ -114,7 +114,11 @@ class Scheduler:
         max_runs: int | None = None,
         run_for: float | None = None,
     ) -> None:
-        self.jobs = {job.name: job for job in jobs}
+        # Each job as declared, and as it runs: with its operators' override, read at
+        # each poll (see overrides.py); ``applied``: the override each job runs with.
+        self.declared = {job.name: job for job in jobs}
+        self.jobs = dict(self.declared)
+        self.applied: dict[str, dict[str, Any]] = {}
         # Switches that let a test (or a one-off) drive it to completion: stop once
         # ``max_runs`` runs started here have ended, or after ``run_for`` seconds.
         self.max_runs = max_runs
@@ -198,6 +202,7 @@ class Scheduler:
         while not self.stopping:
             try:
                 run_statement(self.using, self.clock.sync)
+                self._read_overrides()
                 run_statement(self.using, self._first_due)
                 prepare_locks(self.jobs, using=self.using)  # the first take logs no error
                 self.heartbeat.beat()
@@ -215,19 +220,19 @@ class Scheduler:
             self.say(line("scheduler", said, status="started"))
             return
 
-    def _first_due(self) -> None:
+    def _first_due(self, names: list[str] | None = None) -> None:
         """A job with slots unrun since its latest run is due now (its catch-up); one
         whose current slot awaits a retry is due at its ``retry_at``; any other waits
         for its next slot's start. A job that never ran waits too. A latest slot whose
-        start (with its jitter) is still to come is due then."""
+        start (with its jitter) is still to come is due then. ``names``: only these
+        (their schedule was overridden), else every job."""
         from ..models import JobRun
 
-        latest = {
-            run.name: run
-            for run in JobRun.objects.using(self.using).newest_attempts(list(self.jobs))
-        }
+        names = list(self.jobs) if names is None else names
+        latest = {run.name: run for run in JobRun.objects.using(self.using).newest_attempts(names)}
         now = self.clock.now()
-        for name, job in self.jobs.items():
+        for name in names:
+            job = self.jobs[name]
             assert job.schedule is not None
             previous, _ = job.schedule.latest_at_or_before(now)
             following = job.start_of(job.schedule.next_after(now))
@@ -335,6 +340,7 @@ class Scheduler:
             return
         self.next_poll = time.monotonic() + REQUEST_POLL
         try:
+            self._read_overrides()
             requests = control.pending(sorted(self.on_request), using=self.using)
         except LockDatabaseError as exc:
             self._database_down(exc)
@@ -349,6 +355,31 @@ class Scheduler:
                 return
             if request.name not in self.running:
                 self._start(self.on_request[request.name], self.clock.now(), request=request)
+
+    def _read_overrides(self) -> None:
+        """Wake each job as its operators override it now (one query, at each poll); a
+        job whose schedule changed is due again from its new schedule. Each run reads
+        the override again itself, with the pause (``Run._in_force``): it is given the
+        job as declared."""
+        names = sorted(set(self.declared) | set(self.on_request))
+        states = overrides.read(names, using=self.using)
+        moved = []
+        for name in names:
+            state = states.get(name)
+            override = state.override if state is not None else {}
+            if override == self.applied.get(name, {}):
+                continue
+            before = self.applied.get(name, {})
+            self.applied[name] = override
+            what = overrides.describe_all(override)
+            said = f"{name}: overridden ({what})" if override else f"{name}: back to its code"
+            self.say(line("override", said, job_name=name))
+            if name in self.declared:
+                self.jobs[name] = overrides.in_force(self.declared[name], state)
+                if override.get("schedule") != before.get("schedule") and self.began:
+                    moved.append(name)
+        if moved:
+            self._first_due(moved)
 
     def _supersede(self, active: Active, due: dt.datetime) -> None:
         """``overlap="cancel_other"``: a newer slot of a job running here is due, so its
@@ -402,8 +433,9 @@ class Scheduler:
     def _start_one(self, job: Job, due: dt.datetime, request: RunRequest | None) -> None:
         run = Run(
             # Never wait for a held lock: the loop must keep every other job's slots. The
-            # next try is the next slot (or the lease's end, with retries).
-            job.but(wait=0),
+            # next try is the next slot (or the lease's end, with retries). As declared:
+            # the run applies the override in force when it claims its slot.
+            self.declared.get(job.name, job).but(wait=0),
             report=self.report,
             on_lost=self._lost,
             request=request,

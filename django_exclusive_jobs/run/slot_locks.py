@@ -17,6 +17,7 @@ higher token than the slots before. Runs of slots that overlap may share a token
 from __future__ import annotations
 
 import datetime as dt
+from contextlib import suppress
 
 from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseNow
@@ -31,6 +32,16 @@ LENGTH = len(SEPARATOR) + len(dt.datetime(2026, 1, 1).strftime(FORMAT))
 def lock_name(name: str, slot: dt.datetime) -> str:
     """The lock of ``slot`` of the job ``name``."""
     return f"{name}{SEPARATOR}{slot.astimezone(dt.UTC).strftime(FORMAT)}"
+
+
+def job_of(lock: str) -> str:
+    """The job whose lock ``lock`` is: the name before a slot's suffix, if it has one."""
+    job, separator, slot = lock.rpartition(SEPARATOR)
+    if separator and len(separator + slot) == LENGTH:
+        with suppress(ValueError):
+            dt.datetime.strptime(slot, FORMAT)
+            return job
+    return lock
 
 
 def prepare(name: str, slot: dt.datetime, *, using: str) -> str:

@@ -20,7 +20,8 @@ class RunStatus(models.TextChoices):
     handed a ``django.tasks`` Task to its backend's workers; ``skipped``: the job did not
     run here because another server held the lock or had already run the slot (a result,
     never stored), or, stored, a scheduled slot that came while the job's previous run
-    still ran, and that its ``overlap`` policy skipped.
+    still ran, and that its ``overlap`` policy skipped; ``paused`` is a scheduled slot
+    that came while an operator had paused the job (recorded by the start that skips it).
     """
 
     RUNNING = "running", _("running")
@@ -33,11 +34,17 @@ class RunStatus(models.TextChoices):
     TIMED_OUT = "timed_out", _("timed out")
     CANCELLED = "cancelled", _("cancelled")
     SKIPPED = "skipped", _("skipped")
+    PAUSED = "paused", _("paused")
 
     @classmethod
     def stored(cls) -> list[tuple[str, Any]]:
         """The statuses a history row can have: all of them."""
         return list(cls.choices)
+
+    @classmethod
+    def not_runs(cls) -> list[str]:
+        """Slots recorded without a run: missed, skipped (overlap) and paused."""
+        return [cls.MISSED, cls.SKIPPED, cls.PAUSED]
 
     @classmethod
     def failures(cls) -> list[str]:

@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import datetime as dt
-import getpass
 import json
 import logging
-import socket
 import sys
 from typing import Any
 
@@ -23,15 +21,18 @@ from django_exclusive_jobs.management.base import (
     duration_option,
     kwargs_option,
     moment_option,
+    operator,
 )
 from django_exclusive_jobs.management.output import line_printer
-from django_exclusive_jobs.run import backfill, control, preview
+from django_exclusive_jobs.run import backfill, control, overrides, preview
 from django_exclusive_jobs.run.registry import get_job
 
 EPILOG = """\
 With no action: every job, its schedule, last run and health, as a table (or --json).
 --check prints one line per problem and exits 1 if there is any (for monitors and probes).
-pause / resume NAME: persisted; a paused job's starts skip (exit 0) until resumed.
+pause / resume NAME [--reason TEXT] [--until T]: persisted, and recorded in the audit
+with who and why; a paused job's starts skip (exit 0) and record its slots as paused,
+until resumed or until T (database time).
 run NAME [--kwargs JSON]: run the job once now, here, under its lock (recorded as a
 manual run, with its arguments); --kwargs update the job's declared kwargs for this run
 (the given ones win), checked against its function before anything runs.
@@ -78,6 +79,13 @@ class Command(JobCommand):
         )
         parser.add_argument("--database", help="database alias of the lock table")
         parser.add_argument("--by", help="who asks (default: user@host of this shell)")
+        parser.add_argument("--reason", default="", help="pause, resume: why (in the audit)")
+        parser.add_argument(
+            "--until",
+            type=moment_option("--until"),
+            help="pause: when the pause ends by itself (database time), ISO 8601; without a "
+            "zone, in the job's cron time zone, else TIME_ZONE",
+        )
         parser.add_argument(
             "--kwargs",
             type=kwargs_option("--kwargs"),
@@ -137,7 +145,7 @@ class Command(JobCommand):
             )
         if options["kwargs"] is not None and action != "run":
             raise CommandError("--kwargs goes with run.", returncode=2)
-        who = options["by"] or f"{getpass.getuser()}@{socket.gethostname()}"
+        who = operator(options["by"])
         if action == "backfill":
             self._backfill(name, who, using, options)
         elif options["start"] or options["end"] or options["dry_run"] or options["yes"]:
@@ -146,12 +154,25 @@ class Command(JobCommand):
             raise CommandError("--wait goes with backfill.", returncode=2)
         elif action == "next":
             self._next(name, using, options)
+        elif (options["reason"] and action not in ("pause", "resume")) or (
+            options["until"] and action != "pause"
+        ):
+            said = "--reason goes with pause and resume, --until with pause."
+            raise CommandError(said, returncode=2)
         elif action == "pause":
-            control.pause(name, by=who, using=using)
-            self.stdout.write(f"paused {name}: its starts skip until it is resumed")
+            until = options["until"]
+            if until is not None and until.tzinfo is None:
+                job = get_job(name)
+                assert job is not None
+                until = until.replace(tzinfo=job.zone)
+            control.pause(name, by=who, using=using, reason=options["reason"], until=until)
+            ends = f"until {until.isoformat()}" if until else "until it is resumed"
+            self.stdout.write(f"paused {name}: its starts skip {ends}")
         elif action == "resume":
-            control.resume(name, by=who, using=using)
-            self.stdout.write(f"resumed {name}")
+            if control.resume(name, by=who, using=using, reason=options["reason"]):
+                self.stdout.write(f"resumed {name}")
+            else:
+                self.stdout.write(f"{name} was not paused")
         else:
             report = line_printer(self, logger, options["verbosity"])
             given = options["kwargs"]
@@ -189,10 +210,9 @@ class Command(JobCommand):
             sys.exit(done.exit_code)
 
     def _next(self, name: str, using: str, options: dict[str, Any]) -> None:
-        job = get_job(name)
-        assert job is not None
         if options["check"]:
             raise CommandError("--check goes with list.", returncode=2)
+        job = overrides.job_in_force(name, using=using)  # an operator's schedule, if any
         now = run_statement(using, lambda: database_now(using))
         slots = preview.upcoming(job, now, options["count"] or NEXT_SLOTS)
         schedule = job.schedule.describe() if job.schedule else None

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError, CommandParser
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
-from django_exclusive_jobs.management.base import JobCommand
+from django_exclusive_jobs.management.base import JobCommand, operator
 from django_exclusive_jobs.models import JobLock, LockState
 
 EPILOG = """\
@@ -51,7 +51,7 @@ class Command(JobCommand):
             self._list(alias, stale=stale, as_json=options["json"])
         elif stale:
             locks = JobLock.objects.using(alias).stale()
-            count = run_statement(alias, locks.force_release)
+            count = run_statement(alias, lambda: locks.force_release(by=operator()))
             self.stdout.write(f"force-released {count} stale lock(s)")
         else:
             self._force_release(alias, name, live=options["live"])
@@ -72,7 +72,8 @@ class Command(JobCommand):
         # The state was read a moment ago: without --live the UPDATE itself refuses a lock
         # that has been taken since.
         target = locks.filter(pk=lock.pk)
-        changed = run_statement(alias, (target if live else target.not_held()).force_release)
+        freed = target if live else target.not_held()
+        changed = run_statement(alias, lambda: freed.force_release(by=operator()))
         if changed:
             self.stdout.write(f"force-released {name} (was {state}, token {lock.token})")
         elif not live and run_statement(alias, target.held().exists):

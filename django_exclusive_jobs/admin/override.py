@@ -1,0 +1,146 @@
+"""The job page's **Override…**, **Pause…** and **Back to the code**: their forms.
+
+The override form shows what is in force (the code's values, or an operator's override
+of them) and checks what is typed as the decorator checks its arguments
+(``overrides.check``). The first POST shows the next slots of the schedule typed and
+what changes; only the second (``confirm=yes``) saves. Every form asks why: the reason
+goes into the audit with the change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.utils.translation import gettext_lazy
+
+from ..lock.errors import LockConfigurationError
+from ..run import overrides
+from ..run.arguments import parse_kwargs
+from ..run.catchup import OVERLAPS
+from ..run.registry import Job
+
+REASON = forms.CharField(
+    label=gettext_lazy("Why"),
+    max_length=500,
+    widget=forms.TextInput(attrs={"size": 60}),
+    help_text=gettext_lazy("Recorded in the job's audit, with your name."),
+)
+
+
+class ReasonForm(forms.Form):
+    """Resume, back to the code: only why (optional)."""
+
+    reason = forms.CharField(
+        label=gettext_lazy("Why"), max_length=500, required=False, widget=REASON.widget
+    )
+
+
+class PauseForm(forms.Form):
+    """A pause: why, and optionally when it ends by itself (on the job's clock)."""
+
+    reason = REASON
+    until = forms.DateTimeField(
+        label=gettext_lazy("Until"),
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text=gettext_lazy(
+            "Empty: until resumed. Else the pause ends by itself then (database time), in "
+            "the job's time zone."
+        ),
+    )
+
+    def __init__(self, job: Job, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.job = job
+
+    def clean_until(self) -> dt.datetime | None:
+        until: dt.datetime | None = self.cleaned_data["until"]
+        if until is None:
+            return None
+        # Typed on the job's clock: the admin's active zone would be the browser user's.
+        return until.replace(tzinfo=None).replace(tzinfo=self.job.zone)
+
+
+class OverrideForm(forms.Form):
+    """The settings in force, editable; what differs from the code is overridden."""
+
+    cron = forms.CharField(
+        label=gettext_lazy("Cron"),
+        required=False,
+        widget=forms.TextInput(attrs={"size": 30, "spellcheck": "false"}),
+        help_text=gettext_lazy("Five fields, such as 0 */2 * * *; or give an interval instead."),
+    )
+    timezone = forms.CharField(
+        label=gettext_lazy("Time zone"),
+        required=False,
+        help_text=gettext_lazy("Of the cron schedule, such as Europe/Paris."),
+    )
+    every = forms.CharField(
+        label=gettext_lazy("Every"),
+        required=False,
+        help_text=gettext_lazy("An interval such as 90s, 15m or 2h, instead of a cron schedule."),
+    )
+    arguments = forms.CharField(
+        label=gettext_lazy("Arguments"),
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "spellcheck": "false"}),
+        help_text=gettext_lazy("A JSON object of the keyword arguments its runs call it with."),
+    )
+    timeout = forms.CharField(
+        label=gettext_lazy("Timeout"),
+        required=False,
+        help_text=gettext_lazy(
+            "Such as 30m; a run that lasts longer is stopped. Empty: the TIMEOUT setting's."
+        ),
+    )
+    overlap = forms.ChoiceField(
+        label=gettext_lazy("Overlap"),
+        choices=[(value, value) for value in OVERLAPS],
+        help_text=gettext_lazy("What a slot that comes while a run goes on does."),
+    )
+    reason = REASON
+
+    def __init__(self, job: Job, in_force: Job, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.job = job
+        now = overrides.code_of(in_force)
+        schedule = now["schedule"] or {}
+        self.fields["cron"].initial = schedule.get("cron", "")
+        self.fields["timezone"].initial = schedule.get("timezone", "")
+        every = schedule.get("every")
+        self.fields["every"].initial = overrides.describe("timeout", every) if every else ""
+        self.fields["arguments"].initial = json.dumps(now["kwargs"], ensure_ascii=False)
+        timeout = now["timeout"]
+        self.fields["timeout"].initial = overrides.describe("timeout", timeout) if timeout else ""
+        self.fields["overlap"].initial = now["overlap"]
+        if job.schedule is None:  # only its arguments and timeout
+            for name in ("cron", "timezone", "every", "overlap"):
+                del self.fields[name]
+        if job.overlap == "allow_all":  # its locks are per slot: not changed here
+            del self.fields["overlap"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        changes: dict[str, Any] = {}
+        if "cron" in self.fields:
+            cron, every = data.get("cron", "").strip(), data.get("every", "").strip()
+            if bool(cron) == bool(every):
+                raise ValidationError(gettext_lazy("Give a cron schedule or an interval."))
+            if cron:
+                changes["schedule"] = {"cron": cron, "timezone": data.get("timezone") or None}
+            else:
+                changes["schedule"] = {"every": every}
+        if "overlap" in self.fields and data.get("overlap"):
+            changes["overlap"] = data["overlap"]
+        try:
+            changes["kwargs"] = parse_kwargs(data.get("arguments", ""))
+            timeout = data.get("timeout", "").strip()
+            changes["timeout"] = timeout or None
+            self.changes = overrides.check(self.job, changes)
+        except LockConfigurationError as exc:
+            raise ValidationError(str(exc)) from None
+        return data

@@ -1,0 +1,275 @@
+"""Overrides: an operator changes a declared job's schedule, arguments, timeout or
+overlap policy at run time, without a deploy, with a reason; and goes back to the code.
+
+The code stays the source of truth. An override is a row (``JobState.override``) that
+every start reads with the pause it already reads (``history.claim``: no extra
+statement), and that a scheduler reads at its poll for requests (within
+``REQUEST_POLL`` seconds). Beside it, ``JobState.code`` keeps what the declaration said
+of each overridden setting at the time, so the jobs page shows the override as drift
+from the code, and a later change of the code as well.
+
+A schedule's slots that came before it was put in force are not counted as missed
+(``JobState.schedule_since``): the start after a change accounts from the change. Slots
+already run are not run again: a slot is one row, whatever the schedule that made it.
+``overlap="allow_all"`` takes a lock per slot: a job is not moved to or from it here
+(that changes which locks its starts take; change it in the code).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+
+from ..lock.clock import DatabaseNow
+from ..lock.durations import parse_duration
+from ..lock.errors import LockConfigurationError
+from ..lock.retry import run_statement
+from ..lock.validation import validate_timeout
+from . import audit
+from .catchup import OVERLAPS
+from .registry import Job
+from .schedules import Cron, Every, Schedule, make_schedule
+
+if TYPE_CHECKING:
+    from ..models import JobState
+
+SETTINGS = ("schedule", "kwargs", "timeout", "overlap")
+
+
+def code_of(job: Job) -> dict[str, Any]:
+    """What the code declares of each setting an operator may override, as JSON."""
+    timeout = validate_timeout(job.timeout)
+    return {
+        "schedule": schedule_spec(job.schedule),
+        "kwargs": job.kwargs,
+        "timeout": timeout.total_seconds() if timeout is not None else None,
+        "overlap": job.overlap,
+    }
+
+
+def schedule_spec(schedule: Schedule | None) -> dict[str, Any] | None:
+    """A schedule as JSON: ``{"cron": ..., "timezone": ...}`` or ``{"every": seconds}``."""
+    if isinstance(schedule, Cron):
+        return {"cron": schedule.expression, "timezone": schedule.timezone}
+    if isinstance(schedule, Every):
+        return {"every": schedule.period.total_seconds()}
+    return None
+
+
+def make(spec: dict[str, Any], tolerance: dt.timedelta | None) -> Schedule:
+    """The schedule ``spec`` says, with the job's slot tolerance."""
+    every = spec.get("every")
+    built = make_schedule(
+        every=dt.timedelta(seconds=every) if every is not None else None,
+        cron=spec.get("cron"),
+        timezone=spec.get("timezone"),
+        tolerance=tolerance,
+    )
+    assert built is not None
+    return built
+
+
+def describe(setting: str, value: Any) -> str:
+    """One setting's value in words: ``cron 0 */2 * * * (Europe/Paris)``, ``every 2h``."""
+    if setting == "schedule":
+        if not value:
+            return "no schedule"
+        if "cron" in value:
+            return f"cron {value['cron']} ({value['timezone']})"
+        return f"every {_seconds(value['every'])}"
+    if setting == "kwargs":
+        return json.dumps(value, sort_keys=True, ensure_ascii=False) if value else "{}"
+    if setting == "timeout":
+        return "none" if value is None else _seconds(value)
+    return str(value)
+
+
+def describe_all(override: dict[str, Any]) -> str:
+    """Every overridden setting in words, in the order of :data:`SETTINGS`."""
+    said = [describe(key, override[key]) for key in SETTINGS if key in override]
+    return ", ".join(said)
+
+
+def _seconds(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def check(job: Job, changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` (setting: value as JSON) checked against ``job`` as the decorator
+    checks its arguments; the values normalized. LockConfigurationError, one line."""
+    unknown = sorted(set(changes) - set(SETTINGS))
+    if unknown:
+        said = f"Only {', '.join(SETTINGS)} can be overridden, not {', '.join(unknown)}."
+        raise LockConfigurationError(said)
+    checked: dict[str, Any] = {}
+    if "schedule" in changes:
+        if job.schedule is None:
+            raise LockConfigurationError(f"{job.name} has no schedule to override.")
+        spec = changes["schedule"]
+        if not isinstance(spec, dict) or not spec.keys() <= {"cron", "every", "timezone"}:
+            raise LockConfigurationError("A schedule is a cron expression or an interval.")
+        every = spec.get("every")
+        if every is not None:
+            every = parse_duration(every, what="every").total_seconds()
+        schedule = make({**spec, "every": every}, job.schedule.tolerance)
+        checked["schedule"] = schedule_spec(schedule)
+    if "kwargs" in changes:
+        from .arguments import check_kwargs
+
+        checked["kwargs"] = check_kwargs(job.func, changes["kwargs"], what="The arguments")
+    if "timeout" in changes:
+        limit = validate_timeout(changes["timeout"])
+        checked["timeout"] = limit.total_seconds() if limit is not None else None
+    if "overlap" in changes:
+        overlap = changes["overlap"]
+        if job.schedule is None:
+            raise LockConfigurationError(f"{job.name} has no schedule: overlap does not apply.")
+        if overlap not in OVERLAPS:
+            raise LockConfigurationError(f"overlap must be one of {', '.join(OVERLAPS)}.")
+        if "allow_all" in (overlap, job.overlap) and overlap != job.overlap:
+            raise LockConfigurationError(
+                "overlap='allow_all' takes a lock per slot: move a job to or from it in the "
+                "code, not here."
+            )
+        checked["overlap"] = overlap
+    return checked
+
+
+def apply(job: Job, override: dict[str, Any]) -> Job:
+    """``job`` as ``override`` changes it (already checked by :func:`check`)."""
+    if not override:
+        return job
+    changes: dict[str, Any] = {}
+    if override.get("schedule") and job.schedule is not None:
+        changes["schedule"] = make(override["schedule"], job.schedule.tolerance)
+    if "kwargs" in override:  # a run's own arguments (run now) still win
+        changes["kwargs"] = {**override["kwargs"], **job.given}
+    if "timeout" in override:
+        timeout = override["timeout"]
+        changes["timeout"] = dt.timedelta(seconds=timeout) if timeout is not None else None
+    overlap = override.get("overlap")
+    if overlap in OVERLAPS and "allow_all" not in (overlap, job.overlap):
+        changes["overlap"] = overlap
+    return replace(job, **changes)
+
+
+def in_force(job: Job, state: JobState | None) -> Job:
+    """``job`` as it runs now: its declaration, and over it the operators' override."""
+    return apply(job, state.override) if state is not None and state.override else job
+
+
+def drift(job: Job | None, state: JobState) -> list[dict[str, str]]:
+    """Each overridden setting: what is in force, what the code said when it was
+    overridden, and what it says now (``changed``: the code moved since)."""
+    now = code_of(job) if job is not None else {}
+    found = []
+    for setting in SETTINGS:
+        if setting not in state.override:
+            continue
+        then = state.code.get(setting)
+        found.append(
+            {
+                "setting": setting,
+                "value": describe(setting, state.override[setting]),
+                "code": describe(setting, now.get(setting, then)),
+                "changed": "yes" if job is not None and now.get(setting) != then else "",
+            }
+        )
+    return found
+
+
+def override(
+    job: Job, changes: dict[str, Any], *, reason: str, by: str, using: str
+) -> dict[str, Any]:
+    """Override ``changes`` of ``job`` (checked first: LockConfigurationError) over what
+    is overridden already; a setting given its code's value is no longer overridden.
+    Recorded in the audit with before and after. Returns the override now in force."""
+    from ..models import JobChange, JobState
+
+    checked = check(job, changes)
+    code = code_of(job)
+    state = _state(job.name, using)
+    before = dict(state.override) if state is not None else {}
+    after = {**before, **checked}
+    after = {key: value for key, value in after.items() if value != code[key]}
+    said = {key: code[key] for key in after}
+    values: dict[str, Any] = {
+        "override": after,
+        "code": said,
+        "overridden_at": DatabaseNow(),
+        "overridden_by": by[:255],
+        "override_reason": reason,
+    }
+    if after.get("schedule") != before.get("schedule"):
+        values["schedule_since"] = DatabaseNow()
+
+    def write() -> None:
+        with transaction.atomic(using=using):
+            JobState.objects.using(using).update_or_create(name=job.name, defaults=values)
+            audit.record(
+                job.name, JobChange.Action.OVERRIDE, by=by, reason=reason,
+                before=before, after=after, using=using,
+            )  # fmt: skip
+
+    run_statement(using, write)
+    return after
+
+
+def back_to_code(job: Job, *, reason: str, by: str, using: str) -> bool:
+    """Drop every override of ``job``: its code is in force again. False if none was."""
+    from ..models import JobChange, JobState
+
+    state = _state(job.name, using)
+    if state is None or not state.override:
+        return False
+    before = dict(state.override)
+    values: dict[str, Any] = {
+        "override": {},
+        "code": {},
+        "overridden_at": DatabaseNow(),
+        "overridden_by": by[:255],
+        "override_reason": reason,
+    }
+    if "schedule" in before:
+        values["schedule_since"] = DatabaseNow()
+
+    def write() -> None:
+        with transaction.atomic(using=using):
+            JobState.objects.using(using).filter(pk=state.pk).update(**values)
+            audit.record(
+                job.name, JobChange.Action.BACK_TO_CODE, by=by, reason=reason,
+                before=before, after={}, using=using,
+            )  # fmt: skip
+
+    run_statement(using, write)
+    return True
+
+
+def _state(name: str, using: str) -> JobState | None:
+    from ..models import JobState
+
+    return run_statement(using, lambda: JobState.objects.using(using).filter(name=name).first())
+
+
+def read(names: list[str], *, using: str) -> dict[str, JobState]:
+    """The operators' rows of these jobs (one query): for a scheduler's poll."""
+    from ..models import JobState
+
+    rows = JobState.objects.using(using).filter(name__in=names)
+    return {row.name: row for row in run_statement(using, lambda: list(rows))}
+
+
+def job_in_force(name: str, *, using: str) -> Job:
+    """The declared job ``name`` as it runs now (one query)."""
+    from .registry import get_job
+
+    job = get_job(name)
+    assert job is not None
+    return in_force(job, _state(name, using))
