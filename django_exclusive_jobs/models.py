@@ -10,6 +10,7 @@ these; none rebuilds the filters.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import statistics
 from collections import defaultdict
 from typing import Any, ClassVar
@@ -785,6 +786,16 @@ class JobChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.action} by {self.by}"
+
+    @property
+    def before_text(self) -> str:
+        """What it was before, as one line of JSON ("" for nothing)."""
+        return json.dumps(self.before, sort_keys=True, ensure_ascii=False) if self.before else ""
+
+    @property
+    def after_text(self) -> str:
+        """What it is after, as one line of JSON ("" for nothing)."""
+        return json.dumps(self.after, sort_keys=True, ensure_ascii=False) if self.after else ""
 
 
 class RunRequestQuerySet(models.QuerySet["RunRequest"]):

@@ -209,6 +209,7 @@ def test_on_call_engineer_pauses_resumes_and_runs_a_job_now(
         quick = page.locator("#jobs tr[data-job=quick]")
         quick.locator("a.button", has_text="Pause").click()
         assert "will skip it" in page.inner_text("#what-happens")
+        page.fill("#id_reason", "the vendor's API is down")
         shot(page, "admin-jobs-pause-confirmation")
         page.click("#confirm")
         assert "Paused quick." in page.locator(".messagelist").inner_text()
@@ -540,3 +541,120 @@ def test_each_jobs_strip_and_a_jobs_chart_read_in_light_and_dark(
     finally:
         context.close()
         _jobs.pop("pictured", None)
+
+
+def test_operator_overrides_a_schedule_a_running_scheduler_follows_and_back_to_the_code(
+    browser: Any, live_server: Any, tmp_path: Path
+) -> None:
+    """digest runs hourly in the code. An operator overrides it to every 2 s with other
+    arguments on its page; a scheduler already running picks it up (no restart), the job
+    runs at the new times; "Back to the code" restores it. A viewer sees no form and
+    gets 403 on a forged POST of an override, with the page's own CSRF token."""
+    from django.contrib.auth.models import Permission
+
+    from django_exclusive_jobs.models import JobChange, JobRun, JobState
+    from django_exclusive_jobs.run.scheduler import REQUEST_POLL
+
+    from .test_command import command_env
+    from .test_run_now_arguments import said
+    from .test_scheduler import start_scheduler, stop
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)
+    viewer = User.objects.create_user("viewer", password="correct horse", is_staff=True)
+    for codename in ("view_jobstate", "change_jobstate"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    viewer.user_permissions.add(Permission.objects.get(codename="view_jobstate"))
+    marker = tmp_path / "marker.txt"
+    env = command_env(marker, TICK_EVERY="1h")
+    job_page = f"{live_server.url}/admin/django_exclusive_jobs/jobstate/job/?job=digest"
+    schedulers: list[Any] = []
+    contexts = []
+    try:
+        start_scheduler(schedulers, "default", "--jobs", "digest", env=env)
+        for scheme in ("light", "dark"):
+            contexts.append(
+                browser.new_context(viewport={"width": 1400, "height": 900}, color_scheme=scheme)
+            )
+        page = contexts[0].new_page()
+        log_in(page, live_server.url)
+        page.goto(job_page)
+        page.click("#override-link")
+        assert page.locator("#id_every").input_value() == "1h"
+        page.fill("#id_every", "")
+        page.fill("#id_cron", "61 * * * *")  # a bad cron: refused on the form
+        page.fill("#id_reason", "load test of the mail relay")
+        page.click("#preview")
+        assert "is not valid" in page.locator(".errorlist").inner_text()
+        page.fill("#id_cron", "")
+        page.fill("#id_every", "2s")
+        page.fill("#id_arguments", '{"recipients": ["relay@example.com"], "limit": 2}')
+        page.click("#preview")
+        assert page.locator("#override-preview li").count() == 5
+        shot(page, "admin-override-preview")
+        assert not JobState.objects.filter(name="digest").exists()  # not before confirm
+        page.click("#confirm")
+        assert "overridden: every 2s" in page.locator(".messagelist").inner_text()
+        drift = page.locator(".exclusive-jobs-drift").inner_text()
+        assert "by oncall (admin)" in drift and "code says every 1h" in drift
+        # The running scheduler follows within one poll: runs every 2 s, new arguments.
+        deadline = time.monotonic() + 60
+        while said(marker).count("digest relay@example.com 2") < 2:
+            assert time.monotonic() < deadline, "the scheduler did not follow the override"
+            time.sleep(0.2)
+        slots = list(JobRun.objects.filter(name="digest").values_list("slot", flat=True))
+        assert len(slots) == len(set(slots))  # each slot once
+        page.goto(job_page)
+        assert page.locator("#job-changes tr[data-action=override]").count() == 1
+        shot(page, "admin-job-override")
+        dark = contexts[1].new_page()
+        log_in(dark, live_server.url)
+        dark.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
+        assert dark.locator("#jobs tr[data-job=digest] .exclusive-jobs-drift").count() == 1
+        shot(dark, "admin-jobs-override-dark")
+        dark.goto(job_page)
+        shot(dark, "admin-job-override-dark")
+
+        page.click("#back-link")
+        page.fill("#id_reason", "load test done")
+        page.click("#confirm")
+        assert "runs as its code says." in page.locator(".messagelist").inner_text()
+        assert page.locator(".exclusive-jobs-drift").count() == 0
+        time.sleep(REQUEST_POLL + 2)  # the scheduler's next poll
+        settled = len(said(marker))
+        time.sleep(6)  # three of the override's slots: none runs any more
+        assert len(said(marker)) == settled
+        actions = list(JobChange.objects.order_by("id").values_list("action", flat=True))
+        assert actions == ["override", "back_to_code"]
+        for process in schedulers:
+            stop(process)
+
+        # A viewer: no override link, and a forged POST with the page's token is refused.
+        other = browser.new_context(viewport={"width": 1400, "height": 900})
+        contexts.append(other)
+        seen = other.new_page()
+        seen.goto(f"{live_server.url}/admin/login/?next=/admin/")
+        seen.fill("#id_username", "viewer")
+        seen.fill("#id_password", "correct horse")
+        seen.click("input[type=submit]")
+        seen.wait_for_url(f"{live_server.url}/admin/")
+        seen.goto(job_page)
+        assert seen.locator("#override-link").count() == 0
+        status = seen.evaluate(
+            """async () => {
+                const token = document.cookie.match(/csrftoken=([^;]+)/)[1];
+                const body = new URLSearchParams({job: "digest", every: "1s", overlap: "skip",
+                    reason: "forged", confirm: "yes"});
+                const answer = await fetch("../act/override/", {method: "POST", body,
+                    headers: {"X-CSRFToken": token}});
+                return answer.status;
+            }"""
+        )
+        assert status == 403
+        assert JobState.objects.get(name="digest").override == {}
+    finally:
+        for process in schedulers:
+            if process.poll() is None:
+                process.kill()
+                process.communicate(timeout=30)
+        for context in contexts:
+            context.close()

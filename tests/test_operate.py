@@ -359,10 +359,14 @@ def test_pause_asks_first_then_pauses_on_post() -> None:
     assert asked.status_code == 200
     assert "will skip it" in asked.content.decode()
     assert not JobState.objects.exists()
-    done = operator.post(act, {"job": "quick", "confirm": "yes"})
+    unsaid = operator.post(act, {"job": "quick", "confirm": "yes"})
+    assert unsaid.status_code == 200 and "This field is required" in unsaid.content.decode()
+    assert not JobState.objects.exists()  # a pause says why
+    done = operator.post(act, {"job": "quick", "confirm": "yes", "reason": "vendor down"})
     assert done.status_code == 302
     state = JobState.objects.get(name="quick")
     assert state.paused and state.paused_by == "operator (admin)"
+    assert state.pause_reason == "vendor down"
     run = reverse("admin:django_exclusive_jobs_jobstate_act", args=["run"])
     operator.post(run, {"job": "quick", "confirm": "yes"})
     operator.post(run, {"job": "quick", "confirm": "yes"})

@@ -225,7 +225,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if confirmed and (form is None or form.is_valid()):
             given = form.cleaned_data if form is not None else {}
             self._do(request, action, name, waiting, given)
-            return self._back(name if action in ("back", "pause", "resume") else "")
+            return self._back()
         context = {
             **self.admin_site.each_context(request),
             "title": _("%(action)s %(name)s?") % {"action": ACTIONS[action], "name": name},
