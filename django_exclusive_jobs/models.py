@@ -720,6 +720,15 @@ class JobState(models.Model):
             "its slots before then are not counted as missed."
         ),
     )
+    schedule_before = models.JSONField(
+        _("schedule before"),
+        default=dict,
+        blank=True,
+        help_text=_(
+            "The schedule in force until then: its slots that no server ran are counted "
+            "as missed by the first start after the change."
+        ),
+    )
 
     class Meta:
         verbose_name = _("job")

@@ -156,43 +156,37 @@ def _beats(alias: str) -> bool:
     return Scheduler.objects.using(alias).alive().exists()
 
 
-def test_slots_before_a_schedule_came_in_force_are_not_missed(alias: str) -> None:
-    """A job that last ran five hours ago: its unrun slots under the code's schedule are
-    missed; once an operator put a new schedule in force, the slots before it are not."""
+def test_missed_slots_follow_the_schedule_in_force_at_each_slot(alias: str) -> None:
+    """A job that last ran five hours ago (hourly) is moved to every 30 minutes now: the
+    first start after that records missed the hourly slots no server ran before the
+    change, and none of the new schedule's half-hour slots before it."""
+
+    @exclusive_job("moved_job", every="1h", using=alias, catch_up="skip")
+    def moved_job() -> None:
+        pass
+
     now = database_now(alias)
-    calls = {}
-    for name in ("before_change_a", "before_change_b"):
-
-        @exclusive_job(name, every="1h", using=alias, catch_up="skip")
-        def job() -> None:
-            pass
-
-        calls[name] = job
-        JobRun.objects.using(alias).create(
-            name=name,
-            slot=now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=5),
-            status=RunStatus.SUCCEEDED,
-            started_at=now - dt.timedelta(hours=5),
-        )
+    last = now.replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=5)
+    JobRun.objects.using(alias).create(
+        name="moved_job", slot=last, status=RunStatus.SUCCEEDED, started_at=last
+    )
     try:
-        overrides.override(
-            get_job("before_change_b"),
-            {"schedule": {"every": "30m"}},
-            reason="x",
-            by="ops",
-            using=alias,
+        job = get_job("moved_job")
+        assert job is not None
+        overrides.override(job, {"schedule": {"every": "30m"}}, reason="x", by="ops", using=alias)
+        changed = JobState.objects.using(alias).get(name="moved_job").schedule_since
+        assert changed is not None
+        moved_job()
+        missed = sorted(
+            JobRun.objects.using(alias)
+            .filter(name="moved_job", status=RunStatus.MISSED)
+            .values_list("slot", flat=True)
         )
-        for call in calls.values():
-            call()
-        missed = {
-            name: JobRun.objects.using(alias).filter(name=name, status=RunStatus.MISSED).count()
-            for name in ("before_change_a", "before_change_b")
-        }
-        assert missed["before_change_a"] >= 4
-        assert missed["before_change_b"] == 0
+        hourly = [last + dt.timedelta(hours=n) for n in range(1, 6)]
+        assert missed == [slot for slot in hourly if slot < changed]
+        assert all(slot.minute == 0 for slot in missed)
     finally:
-        _jobs.pop("before_change_a", None)
-        _jobs.pop("before_change_b", None)
+        _jobs.pop("moved_job", None)
 
 
 # --- pauses -------------------------------------------------------------------------------------

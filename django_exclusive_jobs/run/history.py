@@ -25,7 +25,7 @@ from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from ..logs import extra
-from . import catchup
+from . import catchup, overrides
 from .catchup import CatchUp
 from .retries import Retries
 from .schedules import Schedule
@@ -140,6 +140,7 @@ def claim(
         _record_slots(lock, name, [current], RunStatus.PAUSED, f"Paused: {why}.", arguments)
         return Claim(None, current, why=why)
     quiet = state.quiet(now) if state is not None else []
+    replaced = overrides.replaced_slots(state, latest.slot if latest else None, now)
     plan = catchup.plan(
         schedule,
         catch_up or CatchUp(),
@@ -151,6 +152,7 @@ def claim(
         ran=_ran(latest),
         start_of=start_of,
     )
+    plan.missed[:0] = replaced  # the old schedule's, then the new one's
     record_missed(lock, name, plan.missed, arguments)
     _record_skipped(lock, name, plan.skipped, latest, arguments)
     if plan.run is None:

@@ -8,9 +8,11 @@ statement), and that a scheduler reads at its poll for requests (within
 of each overridden setting at the time, so the jobs page shows the override as drift
 from the code, and a later change of the code as well.
 
-A schedule's slots that came before it was put in force are not counted as missed
-(``JobState.schedule_since``): the start after a change accounts from the change. Slots
-already run are not run again: a slot is one row, whatever the schedule that made it.
+Missed-slot accounting follows the schedule in force at each slot: the first start
+after a change records missed the slots of the schedule it replaced
+(``JobState.schedule_before``) that no server ran before the change
+(``JobState.schedule_since``), and the new schedule's slots count from the change on.
+Slots already run are not run again: a slot is one row, whatever the schedule that made it.
 ``overlap="allow_all"`` takes a lock per slot: a job is not moved to or from it here
 (that changes which locks its starts take; change it in the code).
 """
@@ -209,6 +211,7 @@ def override(
     }
     if after.get("schedule") != before.get("schedule"):
         values["schedule_since"] = DatabaseNow()
+        values["schedule_before"] = before.get("schedule") or code["schedule"]
 
     def write() -> None:
         with transaction.atomic(using=using):
@@ -239,6 +242,7 @@ def back_to_code(job: Job, *, reason: str, by: str, using: str) -> bool:
     }
     if "schedule" in before:
         values["schedule_since"] = DatabaseNow()
+        values["schedule_before"] = before["schedule"]
 
     def write() -> None:
         with transaction.atomic(using=using):
@@ -264,6 +268,30 @@ def read(names: list[str], *, using: str) -> dict[str, JobState]:
 
     rows = JobState.objects.using(using).filter(name__in=names)
     return {row.name: row for row in run_statement(using, lambda: list(rows))}
+
+
+def replaced_slots(
+    state: JobState | None, since: dt.datetime | None, now: dt.datetime
+) -> list[dt.datetime]:
+    """The slots of the schedule that ``state``'s change replaced, after ``since`` (the
+    job's latest recorded slot) and before the change: no server ran them (at most
+    ``MAX_RECORDED``, the newest). None if the latest slot is after the change."""
+    from .catchup import MAX_RECORDED
+
+    changed = state.schedule_since if state is not None else None
+    if state is None or changed is None or not state.schedule_before or since is None:
+        return []
+    if since >= changed:
+        return []
+    schedule = make(state.schedule_before, None)
+    slots = []
+    for slot in schedule.slots_after(since):
+        if slot >= min(changed, now):
+            break
+        slots.append(slot)
+        if len(slots) > MAX_RECORDED:
+            slots.pop(0)
+    return slots
 
 
 def job_in_force(name: str, *, using: str) -> Job:
