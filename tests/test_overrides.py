@@ -102,6 +102,26 @@ def test_an_override_equal_to_the_code_is_no_override(alias: str) -> None:
     assert again == {}
 
 
+def test_an_override_outlives_no_change_of_the_code_unseen(alias: str) -> None:
+    """The code moved after the override (a deploy changed the declaration): the drift
+    says so, with what the code says now."""
+    from dataclasses import replace
+
+    from django_exclusive_jobs.run.schedules import make_schedule
+
+    job = digest()
+    overrides.override(job, {"schedule": {"every": "2h"}}, reason="x", by="ops", using=alias)
+    state = JobState.objects.using(alias).get(name="digest")
+    [same] = overrides.drift(job, state)
+    assert (same["value"], same["code"], same["changed"]) == ("every 2h", "every 1h", "")
+    deployed = replace(job, schedule=make_schedule(every="30m"))
+    [moved] = overrides.drift(deployed, state)
+    assert (moved["value"], moved["code"], moved["changed"]) == ("every 2h", "every 30m", "yes")
+    # Still in force over the new code, until an operator goes back to it.
+    in_force = overrides.in_force(deployed, state).schedule
+    assert in_force is not None and in_force.describe() == "every 2:00:00"
+
+
 # --- what runs: the override in force ----------------------------------------------------------
 
 
@@ -116,6 +136,8 @@ def test_a_cron_line_runs_with_the_overridden_arguments_and_back_to_the_code(
     run = JobRun.objects.using(alias).get(name="digest")
     assert run.kwargs == changed["kwargs"]
     # Arguments given to a run now still win over the override.
+    listed = exclusive_jobs(alias)
+    assert "digest: kwargs" in listed.stdout and "overridden by ops: night shift" in listed.stdout
     done = exclusive_jobs(alias, "run", "digest", "--kwargs", '{"limit": 9}', marker=marker)
     assert done.returncode == 0, done.stderr
     assert said(marker)[-1] == "digest night@example.com 9"

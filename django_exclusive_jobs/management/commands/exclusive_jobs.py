@@ -278,6 +278,13 @@ class Command(JobCommand):
                 )
             )
         self._columns(rows)
+        for job in jobs.jobs:  # an operator's override: drift from the code
+            for drift in job.overrides:
+                why = f": {job.override_reason}" if job.override_reason else ""
+                self.stdout.write(
+                    f"{job.name}: {drift['setting']} {drift['value']} overridden by "
+                    f"{job.overridden_by}{why}; code says {drift['code']}"
+                )
         alive = f"{jobs.schedulers_alive} scheduler(s) alive"
         if not jobs.schedulers_alive and jobs.last_beat is not None:
             alive = f"no scheduler alive since {jobs.last_beat.isoformat(timespec='seconds')}"
