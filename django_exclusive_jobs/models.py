@@ -751,14 +751,19 @@ class JobState(models.Model):
             said += f" until {self.paused_until.isoformat(timespec='seconds')}"
         return said + (f": {self.pause_reason}" if self.pause_reason else "")
 
-    def quiet(self, now: dt.datetime) -> list[tuple[dt.datetime, dt.datetime]]:
-        """The spans whose slots are not missed: the last pause, once over (resumed, or
-        past its end), and the time before the schedule in force came in force."""
-        spans = []
+    def last_pause(self, now: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
+        """The last pause's start and end, once over (resumed, or past its end)."""
         if self.paused and self.paused_at and self.paused_until and now >= self.paused_until:
-            spans.append((self.paused_at, self.paused_until))
-        elif not self.paused and self.paused_at and self.resumed_at:
-            spans.append((self.paused_at, self.resumed_at))
+            return (self.paused_at, self.paused_until)
+        if not self.paused and self.paused_at and self.resumed_at:
+            return (self.paused_at, self.resumed_at)
+        return None
+
+    def quiet(self, now: dt.datetime) -> list[tuple[dt.datetime, dt.datetime]]:
+        """The spans whose slots are not missed: the last pause, once over, and the time
+        before the schedule in force came in force."""
+        pause = self.last_pause(now)
+        spans = [pause] if pause is not None else []
         if self.schedule_since is not None:
             spans.append((dt.datetime.min.replace(tzinfo=dt.UTC), self.schedule_since))
         return spans

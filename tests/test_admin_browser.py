@@ -64,10 +64,14 @@ def browser() -> Iterator[Any]:
                 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
-def shot(page: Any, name: str) -> None:
+def shot(page: Any, name: str, part: str | None = None) -> None:
+    """The whole page, or with ``part`` (a selector) only what it matches."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    if part is not None:
+        page.locator(part).first.screenshot(path=str(path))
+    else:
+        page.screenshot(path=str(path), full_page=True)
     if os.environ.get("UPDATE_DOCS_SCREENSHOTS"):
         DOC_SHOTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(path, DOC_SHOTS / path.name)
@@ -610,7 +614,7 @@ def test_operator_overrides_a_schedule_a_running_scheduler_follows_and_back_to_t
         log_in(dark, live_server.url)
         dark.goto(f"{live_server.url}/admin/django_exclusive_jobs/jobstate/")
         assert dark.locator("#jobs tr[data-job=digest] .exclusive-jobs-drift").count() == 1
-        shot(dark, "admin-jobs-override-dark")
+        shot(dark, "admin-jobs-override-dark", "#jobs tr[data-job=digest]")
         dark.goto(job_page)
         shot(dark, "admin-job-override-dark")
 

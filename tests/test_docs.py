@@ -1628,7 +1628,7 @@ def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
     options = long_options(
         "exclusive_jobs",
         {
-            *("json", "check", "database", "by", "kwargs"),
+            *("json", "check", "database", "by", "kwargs", "reason", "until"),
             *("start", "end", "dry_run", "wait", "yes", "count"),
         },
     )

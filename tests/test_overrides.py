@@ -236,6 +236,7 @@ def test_a_paused_slot_is_recorded_paused_and_a_pause_with_an_end_ends_by_itself
         control.pause("paused_hourly", by="ops", using=alias, reason="short", until=ended)
         seen = next(job for job in overview(alias).jobs if job.name == "paused_hourly")
         assert not seen.paused
+        assert not control.resume("paused_hourly", by="ops", using=alias)  # over: no write
         paused_hourly()
         assert ran == ["ran"]
         assert [a for a, _ in changes(alias, "paused_hourly")] == ["pause", "pause"]
@@ -292,8 +293,11 @@ def test_the_commands_pause_with_a_reason_and_an_end_and_record_who(
     assert "until 2099-01-01T06:00:00+00:00" in done.stdout
     state = JobState.objects.using(alias).get(name="digest")
     assert state.pause_reason == "vendor down" and state.paused_until is not None
-    done = exclusive_jobs(alias, "run", "digest", "--reason", "x")
-    assert done.returncode == 2 and "--reason goes with pause" in done.stderr
+    for action in ("run", "list", "next", "backfill"):
+        done = exclusive_jobs(
+            alias, action, *(["digest"] if action != "list" else []), "--reason", "x"
+        )
+        assert done.returncode == 2 and "--reason goes with pause" in done.stderr, action
     done = exclusive_jobs(alias, "resume", "digest", "--by", "bob")
     assert done.returncode == 0 and "resumed digest" in done.stdout
     assert changes(alias, "digest") == [("pause", "alice"), ("resume", "bob")]

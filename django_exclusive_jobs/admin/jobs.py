@@ -215,10 +215,11 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         assert job is not None
         posted = data if request.method == "POST" else None
         form: forms.Form | None = None
+        in_force = overrides.job_in_force(name, using=self._using())  # an operator's
         if action == "run":  # with its arguments, checked before anything is asked for
-            form = RunNowForm(job, posted)
+            form = RunNowForm(in_force, posted)
         elif action == "pause":
-            form = PauseForm(job, posted)
+            form = PauseForm(in_force, posted)
         elif action in ("resume", "back"):
             form = ReasonForm(posted)
         confirmed = request.method == "POST" and data.get("confirm") == "yes"

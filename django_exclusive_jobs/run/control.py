@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
+from django.db.models import Q
 
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
@@ -74,14 +75,14 @@ def pause(
 
 def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
     """Let ``name`` run again from its next slot; the slots of the pause are not missed.
-    False if it was not paused (a pause past its end is over already)."""
-    from ..models import JobChange, JobState
+    False if it was not paused (a pause past its end is over already: nothing written)."""
+    from ..models import JobChange
 
     values = {"paused": False, "resumed_at": DatabaseNow(), "resumed_by": by[:255]}
 
     def write() -> bool:
         with transaction.atomic(using=using):
-            done = JobState.objects.using(using).filter(name=name, paused=True).update(**values)
+            done = _paused(name, using).update(**values)
             if done:
                 audit.record(name, JobChange.Action.RESUME, by=by, reason=reason, using=using)
             return bool(done)
@@ -89,10 +90,18 @@ def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
     return run_statement(using, write)
 
 
+def _paused(name: str, using: str) -> Any:
+    """``name``'s row while paused now: a pause past its end is over (database time)."""
+    from ..models import JobState
+
+    in_force = Q(paused_until__isnull=True) | Q(paused_until__gt=DatabaseNow())
+    return JobState.objects.using(using).filter(in_force, name=name, paused=True)
+
+
 def pause_after_failures(name: str, failures: int, *, using: str) -> bool:
     """``pause_after=N``: pause ``name`` if its last ``failures`` runs failed (a slot's
     last attempt each). True if it paused it now: a health problem until resumed."""
-    from ..models import JobRun, JobState
+    from ..models import JobRun
     from ..signals import job_paused
 
     runs = JobRun.objects.using(using).filter(name=name, retry_at__isnull=True)
@@ -101,8 +110,7 @@ def pause_after_failures(name: str, failures: int, *, using: str) -> bool:
     failed = [run for run in last if run.status in RunStatus.failures()]
     if len(failed) < failures:
         return False
-    paused = JobState.objects.using(using).filter(name=name, paused=True)
-    if run_statement(using, paused.exists):
+    if run_statement(using, _paused(name, using).exists):
         return False
     reason = f"its last {failures} runs failed (pause_after={failures})"
     pause(name, by=AUTO_PAUSER, using=using, reason=reason)

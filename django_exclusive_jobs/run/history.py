@@ -161,6 +161,14 @@ def claim(
         why = f"slot {late} started too late (catch_up={policy}): recorded missed"
         if plan.skipped and not plan.missed:
             why = f"slot {plan.skipped[-1].isoformat()} came during a run (overlap={overlap})"
+        elif (
+            not plan.missed
+            and state is not None
+            and state.schedule_since is not None
+            and (current < state.schedule_since)
+        ):
+            since = state.schedule_since.isoformat(timespec="seconds")
+            why = f"its slot came before its schedule was put in force at {since}"
         elif not plan.missed:
             why = "its slot fell in its last pause"
         return Claim(None, None, plan.missed, why=why, skipped=plan.skipped)

@@ -86,7 +86,12 @@ def describe(setting: str, value: Any) -> str:
     if setting == "kwargs":
         return json.dumps(value, sort_keys=True, ensure_ascii=False) if value else "{}"
     if setting == "timeout":
-        return "none" if value is None else _seconds(value)
+        if value is not None:
+            return _seconds(value)
+        from ..conf import app_settings
+
+        default = app_settings.TIMEOUT
+        return "none" if default is None else f"the TIMEOUT setting's ({default})"
     return str(value)
 
 
@@ -275,7 +280,8 @@ def replaced_slots(
 ) -> list[dt.datetime]:
     """The slots of the schedule that ``state``'s change replaced, after ``since`` (the
     job's latest recorded slot) and before the change: no server ran them (at most
-    ``MAX_RECORDED``, the newest). None if the latest slot is after the change."""
+    ``MAX_RECORDED``, the newest), outside the last pause. None if the latest slot is
+    after the change."""
     from .catchup import MAX_RECORDED
 
     changed = state.schedule_since if state is not None else None
@@ -284,10 +290,13 @@ def replaced_slots(
     if since >= changed:
         return []
     schedule = make(state.schedule_before, None)
+    pause = state.last_pause(now)
     slots = []
     for slot in schedule.slots_after(since):
         if slot >= min(changed, now):
             break
+        if pause is not None and pause[0] <= slot <= pause[1]:
+            continue  # paused then: not missed
         slots.append(slot)
         if len(slots) > MAX_RECORDED:
             slots.pop(0)

@@ -132,6 +132,11 @@ class Command(JobCommand):
         action, name = options["action"], options["name"]
         if options["count"] is not None and action != "next":
             raise CommandError("-n goes with next.", returncode=2)
+        if (options["reason"] and action not in ("pause", "resume")) or (
+            options["until"] and action != "pause"
+        ):
+            said = "--reason goes with pause and resume, --until with pause."
+            raise CommandError(said, returncode=2)
         if action == "list":
             if name:
                 raise CommandError("list takes no NAME.", returncode=2)
@@ -154,17 +159,10 @@ class Command(JobCommand):
             raise CommandError("--wait goes with backfill.", returncode=2)
         elif action == "next":
             self._next(name, using, options)
-        elif (options["reason"] and action not in ("pause", "resume")) or (
-            options["until"] and action != "pause"
-        ):
-            said = "--reason goes with pause and resume, --until with pause."
-            raise CommandError(said, returncode=2)
         elif action == "pause":
             until = options["until"]
-            if until is not None and until.tzinfo is None:
-                job = get_job(name)
-                assert job is not None
-                until = until.replace(tzinfo=job.zone)
+            if until is not None and until.tzinfo is None:  # on the clock in force
+                until = until.replace(tzinfo=overrides.job_in_force(name, using=using).zone)
             control.pause(name, by=who, using=using, reason=options["reason"], until=until)
             ends = f"until {until.isoformat()}" if until else "until it is resumed"
             self.stdout.write(f"paused {name}: its starts skip {ends}")
@@ -281,9 +279,10 @@ class Command(JobCommand):
         for job in jobs.jobs:  # an operator's override: drift from the code
             for drift in job.overrides:
                 why = f": {job.override_reason}" if job.override_reason else ""
+                code = "the code has changed since: it says" if drift["changed"] else "code says"
                 self.stdout.write(
                     f"{job.name}: {drift['setting']} {drift['value']} overridden by "
-                    f"{job.overridden_by}{why}; code says {drift['code']}"
+                    f"{job.overridden_by}{why}; {code} {drift['code']}"
                 )
         alive = f"{jobs.schedulers_alive} scheduler(s) alive"
         if not jobs.schedulers_alive and jobs.last_beat is not None:
