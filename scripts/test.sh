@@ -2,6 +2,7 @@
 # Run the whole test suite on SQLite, PostgreSQL and MariaDB.
 # Installs what it needs (system packages, a virtualenv) and starts the databases if down.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow" -k sqlite`.
+# It runs on two workers; `TEST_WORKERS=0 bash scripts/test.sh` runs on one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
@@ -11,4 +12,6 @@ ensure_postgres || [ -z "${CI:-}" ]
 ensure_mariadb || [ -z "${CI:-}" ]
 ensure_venv dev
 
-exec "$VENV/bin/python" -m pytest "$@"
+# Two workers (pytest-xdist), each with databases of its own: most tests wait on slots
+# and leases, not on the CPU. TEST_WORKERS=0 runs everything in this one process.
+exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" "$@"
