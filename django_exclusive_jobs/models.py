@@ -357,7 +357,9 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
                 last=Max("finished_at"),
             )
         )
-        return tallies.union(*more, all=True) if more else tallies
+        # No ordering on the whole either: Django 6.1 would order a union by the model's
+        # default ordering, whose columns it does not select.
+        return tallies.union(*more, all=True).order_by() if more else tallies
 
     def newest_attempts(self, names: list[str]) -> list[JobRun]:
         """Each job's newest attempt of its newest slot (one query): what a scheduler
