@@ -31,7 +31,7 @@ from ..lock.errors import JobLockError, LockDatabaseError
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..logs import Line, line
-from . import control, overrides
+from . import control, overrides, spread
 from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
 from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
@@ -140,6 +140,10 @@ class Scheduler:
         self.name = f"{process.host}:{process.pid}"  # as its heartbeat row names it
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
+        # Work spread (spread.py): the live schedulers, and the jobs whose slot this one
+        # is not the first choice for, waiting their handoff: their slot's start.
+        self.peers: list[spread.Peer] = []
+        self.handed: dict[str, dt.datetime] = {}
         # The runs started here, by the name of their lock: the job's, so a job runs once
         # at a time, or under overlap="allow_all" its slot's, so its slots run side by side.
         self.running: dict[str, Active] = {}
@@ -206,6 +210,7 @@ class Scheduler:
                 run_statement(self.using, self._first_due)
                 prepare_locks(self.jobs, using=self.using)  # the first take logs no error
                 self.heartbeat.beat()
+                self.peers = spread.peers(self.using)
             except LockDatabaseError as exc:
                 self._pause(self.outage.failed(exc))
                 continue
@@ -229,6 +234,8 @@ class Scheduler:
         from ..models import JobRun
 
         names = list(self.jobs) if names is None else names
+        for name in names:
+            self.handed.pop(name, None)
         latest = {run.name: run for run in JobRun.objects.using(self.using).newest_attempts(names)}
         now = self.clock.now()
         for name in names:
@@ -259,6 +266,7 @@ class Scheduler:
                 run_statement(self.using, self.clock.sync)
                 self.clock_doubtful = False
             self.heartbeat.beat()
+            self.peers = spread.peers(self.using)
             self._write_unwritten_ends()
         except LockDatabaseError as exc:
             self._database_down(exc)
@@ -278,10 +286,14 @@ class Scheduler:
             self.unwritten.pop(0)
 
     def _start_due(self) -> None:
+        """Start the jobs due now, in this scheduler's own order; a slot this one is not
+        the first choice for waits its handoff first (spread.py)."""
         if self.outage.ongoing:
             return
         now = self.clock.now()
-        for name, due in sorted(self.due.items(), key=lambda item: item[1]):
+        me = process.instance
+        waited: dict[str, dt.datetime] = {}  # handed-off jobs whose wait is over
+        for name, due in sorted(self.due.items(), key=lambda i: (i[1], spread.turn(me, *i))):
             if self.stopping or due > now:
                 break
             if name in self.running:
@@ -289,8 +301,55 @@ class Scheduler:
                 continue  # it starts again once its run ends
             if len(self.running) >= self.max_concurrent:
                 break  # stays due: started when a run ends, unless another server has it
+            if name in self.handed:
+                waited[name] = self.handed.pop(name)
+                continue
+            later = self._handoff(name, due)
+            if later is not None:
+                self.handed[name], self.due[name] = due, later
+                continue
             self._start(self.jobs[name], due)
             now = self.clock.now()
+        if waited:
+            self._take_over(waited)
+
+    def _handoff(self, name: str, due: dt.datetime) -> dt.datetime | None:
+        """When to look again at ``name``'s slot starting at ``due`` if this scheduler is
+        not its first choice; None: start it now (first choice, or not a slot's start:
+        a catch-up, a retry, a recheck)."""
+        job = self.jobs[name]
+        if job.schedule is None or len(self.peers) < 2:
+            return None
+        slot = job.schedule.latest_at_or_before(due)[0]
+        if job.start_of(slot) != due:
+            return None
+        place = spread.rank(process.instance, name, slot, self.peers)
+        return due + spread.handoff(job, slot, place) if place else None
+
+    def _take_over(self, waited: dict[str, dt.datetime]) -> None:
+        """One query for the slots this scheduler waited for: start those nobody claimed.
+        A claimed one's next start is its next slot, unless its policy has it look again
+        (retries, a buffering overlap): then it starts as usual, and decides."""
+        slots = {}
+        for name, due in waited.items():
+            schedule = self.jobs[name].schedule
+            assert schedule is not None
+            slots[name] = schedule.latest_at_or_before(due)[0]
+        try:
+            claimed = spread.claimed(slots, using=self.using)
+        except LockDatabaseError as exc:
+            self.handed.update(waited)  # looked at again once the database answers
+            self._database_down(exc)
+            return
+        for name, due in waited.items():
+            job = self.jobs[name]
+            rechecks = job.retries or job.overlap not in ("skip", "allow_all")
+            if name in claimed and not rechecks:
+                self._next(job, None, self._following(job, due))
+            elif self.stopping or len(self.running) >= self.max_concurrent:
+                self.handed[name], self.due[name] = due, due  # full: looked at again
+            else:
+                self._start(job, due)
 
     def _sleep(self) -> None:
         """Wait for the next due slot, a child's end or report, a signal, or a beat."""

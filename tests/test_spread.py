@@ -1,0 +1,122 @@
+"""Work spread across schedulers (run/spread.py): each live scheduler is the first choice
+for about its share of the slots, all of them agree on it without talking, a scheduler
+that goes moves only its own share, and no job is always last of a burst. With real
+schedulers: the runs spread over all of them, each slot once, and one whose first
+choice is stopped still runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from django_exclusive_jobs.models import JobRun
+from django_exclusive_jobs.run import spread
+
+from .test_command import marker, wait_for
+from .test_scheduler import executions, scheduler_env, schedulers, start_scheduler, stop
+
+__all__ = ["marker", "schedulers"]  # fixtures
+
+T0 = dt.datetime(2026, 11, 27, 9, 0, tzinfo=dt.UTC)
+JOBS = [f"job{n}" for n in range(200)]
+
+
+def peers(*names: str, jobs: list[str] = JOBS) -> list[spread.Peer]:
+    return [spread.Peer(name, frozenset(jobs)) for name in names]
+
+
+def firsts(live: list[spread.Peer], slot: dt.datetime = T0) -> Counter[str]:
+    """How many of the jobs each scheduler is the first choice for, at ``slot``."""
+    chosen: Counter[str] = Counter()
+    for job in JOBS:
+        [first] = [p.instance for p in live if spread.rank(p.instance, job, slot, live) == 0]
+        chosen[first] += 1
+    return chosen
+
+
+def test_every_scheduler_agrees_on_one_first_choice_and_shares_are_even() -> None:
+    live = peers("a", "b", "c", "d", "e")
+    for job in JOBS[:20]:
+        places = sorted(spread.rank(p.instance, job, T0, live) for p in live)
+        assert places == [0, 1, 2, 3, 4]  # one first, one second... for every job
+    counts = firsts(live)
+    share = len(JOBS) / len(live)
+    chi_square = sum((n - share) ** 2 / share for n in counts.values())
+    assert chi_square < 18.5  # p = 0.001 for 4 degrees of freedom
+    assert max(counts.values()) < 1.5 * share
+
+
+def test_a_scheduler_that_goes_moves_only_its_own_share() -> None:
+    live = peers("a", "b", "c")
+    before = {
+        job: next(p.instance for p in live if spread.rank(p.instance, job, T0, live) == 0)
+        for job in JOBS
+    }
+    after_live = peers("a", "b")
+    for job, first in before.items():
+        now = next(
+            p.instance for p in after_live if spread.rank(p.instance, job, T0, after_live) == 0
+        )
+        if first != "c":
+            assert now == first
+
+
+def test_a_scheduler_that_does_not_serve_a_job_is_no_choice_for_it() -> None:
+    live = [spread.Peer("a", frozenset({"x"})), spread.Peer("b", frozenset({"y"}))]
+    assert spread.rank("a", "x", T0, live) == 0
+    assert spread.rank("b", "y", T0, live) == 0
+
+
+def test_the_first_choice_changes_from_slot_to_slot_and_so_does_the_order() -> None:
+    live = peers("a", "b")
+    slots = [T0 + dt.timedelta(hours=n) for n in range(40)]
+    first_of_job0 = {spread.rank("a", "job0", slot, live) for slot in slots}
+    assert first_of_job0 == {0, 1}
+    lasts = Counter(max(JOBS[:10], key=lambda job: spread.turn("a", job, slot)) for slot in slots)
+    assert len(lasts) > 5  # no job is always last of a burst
+
+
+# --- real schedulers ------------------------------------------------------------------
+
+
+def test_runs_spread_over_every_scheduler_each_slot_once(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    """Three schedulers serving four jobs due every 2 s: each runs some, and no slot runs
+    twice. Once one is stopped, the two others run its share from the next slot on."""
+    names = ["tick", "tick_skip", "steady", "long_tick"]
+    env = scheduler_env(marker, JOB_SECONDS="0")
+    started = [start_scheduler(schedulers, alias, "--jobs", *names, env=env) for _ in range(3)]
+    succeeded = JobRun.objects.using(alias).filter(status="succeeded")
+    wait_for(lambda: succeeded.count() >= 24, 120)
+    ran_by = Counter(succeeded.values_list("pid", flat=True))
+    assert set(ran_by) == {process.pid for process in started}, ran_by
+    stop(started[0])
+    seen = succeeded.count()
+    wait_for(lambda: succeeded.count() >= seen + 16, 120)
+    for process in started[1:]:
+        stop(process)
+    for word in ("tick", "tick_skip", "long_tick-start"):  # what those jobs mark
+        ran = executions(marker, word)
+        assert ran and max(ran.values()) == 1, (word, ran)  # each slot once
+    slots = sorted(succeeded.filter(name="tick").values_list("slot", flat=True))
+    gaps = {later - earlier for earlier, later in itertools.pairwise(slots)}
+    assert gaps == {dt.timedelta(seconds=2)}, gaps  # no slot lost when one stopped
+
+
+def test_a_handoff_stays_within_an_eighth_of_the_interval_and_half_the_tolerance() -> None:
+    from dataclasses import replace
+
+    from django_exclusive_jobs.run.registry import get_job
+    from django_exclusive_jobs.run.schedules import make_schedule
+
+    job = get_job("digest")  # hourly
+    assert job is not None
+    assert spread.handoff(job, T0, 1) == dt.timedelta(seconds=spread.HANDOFF)
+    assert spread.handoff(job, T0, 3) == dt.timedelta(seconds=3 * spread.HANDOFF)
+    assert spread.handoff(job, T0, 100) == dt.timedelta(seconds=15)  # 30 s tolerance / 2
+    fast = replace(job, schedule=make_schedule(every="2s"))
+    assert spread.handoff(fast, T0, 5) == dt.timedelta(seconds=0.25)  # 2 s / 8
