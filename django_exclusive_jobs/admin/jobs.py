@@ -215,11 +215,10 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         assert job is not None
         posted = data if request.method == "POST" else None
         form: forms.Form | None = None
-        in_force = overrides.job_in_force(name, using=self._using())  # an operator's
-        if action == "run":  # with its arguments, checked before anything is asked for
-            form = RunNowForm(in_force, posted)
-        elif action == "pause":
-            form = PauseForm(in_force, posted)
+        if action in ("run", "pause"):  # from the job in force (an operator's override)
+            in_force = overrides.job_in_force(name, using=self._using())
+            # Run now: its arguments, checked before anything is asked for.
+            form = RunNowForm(in_force, posted) if action == "run" else PauseForm(in_force, posted)
         elif action in ("resume", "back"):
             form = ReasonForm(posted)
         confirmed = request.method == "POST" and data.get("confirm") == "yes"
@@ -227,16 +226,10 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             given = form.cleaned_data if form is not None else {}
             self._do(request, action, name, waiting, given)
             return self._back()
+        title = _("%(action)s %(name)s?") % {"action": ACTIONS[action], "name": name}
         context = {
-            **self.admin_site.each_context(request),
-            "title": _("%(action)s %(name)s?") % {"action": ACTIONS[action], "name": name},
-            "opts": self.model._meta,
-            "job": name,
+            **self._action_context(request, action, name, title, form, waiting),
             "run_request": waiting,
-            "action": action,
-            "action_label": ACTIONS[action],
-            "what_happens": what_happens(action, name, waiting),
-            "form": form,
         }
         return TemplateResponse(
             request, "admin/django_exclusive_jobs/jobstate/confirm.html", context
@@ -252,15 +245,9 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if request.method == "POST" and data.get("confirm") == "yes" and plan is not None:
             self._ask_backfill(request, plan, using)
             return self._back()
+        title = _("Backfill %(name)s") % {"name": name}
         context = {
-            **self.admin_site.each_context(request),
-            "title": _("Backfill %(name)s") % {"name": name},
-            "opts": self.model._meta,
-            "job": name,
-            "action": "backfill",
-            "action_label": ACTIONS["backfill"],
-            "what_happens": what_happens("backfill", name),
-            "form": form,
+            **self._action_context(request, "backfill", name, title, form),
             "plan": plan,
             "warning": backfill.warning(job),
             "done": sorted(plan.done.items()) if plan else [],
@@ -385,15 +372,9 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if proposed.schedule is not None:
                 now = database_now(using)
                 preview = upcoming(proposed, now, NEXT_SLOTS)
+        title = _("Override %(name)s") % {"name": name}
         context = {
-            **self.admin_site.each_context(request),
-            "title": _("Override %(name)s") % {"name": name},
-            "opts": self.model._meta,
-            "job": name,
-            "action": "override",
-            "action_label": ACTIONS["override"],
-            "what_happens": what_happens("override", name),
-            "form": form,
+            **self._action_context(request, "override", name, title, form),
             "preview": preview,
             "code": [
                 (setting, overrides.describe(setting, value))
@@ -403,6 +384,27 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(
             request, "admin/django_exclusive_jobs/jobstate/override.html", context
         )
+
+    def _action_context(
+        self,
+        request: HttpRequest,
+        action: str,
+        name: str,
+        title: str,
+        form: Any,
+        waiting: RunRequest | None = None,
+    ) -> dict[str, Any]:
+        """What every action's page (confirm, backfill, override) shows of the action."""
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.model._meta,
+            "job": name,
+            "action": action,
+            "action_label": ACTIONS[action],
+            "what_happens": what_happens(action, name, waiting),
+            "form": form,
+        }
 
     def _log(self, request: HttpRequest, name: str, message: str) -> None:
         """A line in Django's admin log, on the job's row (made if missing)."""

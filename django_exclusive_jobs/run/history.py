@@ -152,28 +152,28 @@ def claim(
         ran=_ran(latest),
         start_of=start_of,
     )
-    plan.missed[:0] = replaced  # the old schedule's, then the new one's
-    record_missed(lock, name, plan.missed, arguments)
+    missed = replaced + plan.missed  # the old schedule's, then the new one's
+    record_missed(lock, name, missed, arguments)
     _record_skipped(lock, name, plan.skipped, latest, arguments)
     if plan.run is None:
-        late = plan.missed[-1].isoformat() if plan.missed else "?"
+        late = missed[-1].isoformat() if missed else "?"
         policy = (catch_up or CatchUp()).policy
         why = f"slot {late} started too late (catch_up={policy}): recorded missed"
-        if plan.skipped and not plan.missed:
+        if plan.skipped and not missed:
             why = f"slot {plan.skipped[-1].isoformat()} came during a run (overlap={overlap})"
         elif (
-            not plan.missed
+            not missed
             and state is not None
             and state.schedule_since is not None
             and (current < state.schedule_since)
         ):
             since = state.schedule_since.isoformat(timespec="seconds")
             why = f"its slot came before its schedule was put in force at {since}"
-        elif not plan.missed:
+        elif not missed:
             why = "its slot fell in its last pause"
-        return Claim(None, None, plan.missed, why=why, skipped=plan.skipped)
+        return Claim(None, None, missed, why=why, skipped=plan.skipped)
     run = _insert(lock, name, plan.run, arguments)
-    return Claim(run, plan.run, plan.missed, plan.more, skipped=plan.skipped)
+    return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped)
 
 
 def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:
