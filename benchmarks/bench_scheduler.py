@@ -251,6 +251,24 @@ def cpu_seconds(pid: int, *, children: bool = False) -> float:
     return (int(fields[first]) + int(fields[first + 1])) / CLK_TCK
 
 
+def database_cpu(backend: str) -> float:
+    """CPU seconds the database server has used so far: every ``postgres`` process
+    (with the reaped backends' time, counted in the postmaster's children) or
+    ``mariadbd``/``mysqld``. A local server only (this machine's /proc)."""
+    names = {"postgresql": ("postgres",), "mysql": ("mariadbd", "mysqld")}[backend]
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if comm in names:
+            total += cpu_seconds(int(entry.name)) + cpu_seconds(int(entry.name), children=True)
+    return total
+
+
 def rss_mib(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -363,10 +381,11 @@ def cluster_run(
             raise SystemExit("--seconds is too short for a measured slot")
         # Each period of the window holds one slot's starts; CPU is sampled mid-period.
         time.sleep(max(0.0, measured[0] - period / 2 - time.time()))
-        cpu_before = cluster.cpu()
+        cpu_before, db_before = cluster.cpu(), database_cpu(backend)
         cpu_from = time.time()
         time.sleep(max(0.0, last - period / 2 - time.time()))
         cpu_used = cluster.cpu() - cpu_before
+        db_used = database_cpu(backend) - db_before
         cpu_span = time.time() - cpu_from
         rss = [rss_mib(process.pid) for process in cluster.processes]
         time.sleep(max(0.0, last + min(period / 2, 5.0) - time.time()))
@@ -390,6 +409,12 @@ def cluster_run(
     # still falls inside, and each period holds one slot's starts and ends.
     sent = statements_between(cluster.statements(), measured[0] - period / 2, last - period / 2)
     wins = Counter(row.pid for row in succeeded.values())
+    shares = [wins.get(process.pid, 0) for process in cluster.processes]
+    even = len(succeeded) / schedulers
+    # Each slot's burst: when its first and its last run started (any job), database time.
+    bursts: dict[dt.datetime, list[float]] = {}
+    for (_, slot), row in succeeded.items():
+        bursts.setdefault(slot, []).append((row.started_at - slot).total_seconds())
     return {
         "schedulers": schedulers,
         "jobs": jobs,
@@ -422,8 +447,13 @@ def cluster_run(
             for pair, first in first_lines.items()
             if pair in succeeded
         ],
+        "burst_first": [min(starts) for starts in bursts.values()],
+        "burst_last": [max(starts) for starts in bursts.values()],
         "statements": sent,
-        "wins": (min(wins.values(), default=0), max(wins.values(), default=0), len(wins)),
+        "wins": (min(shares, default=0), max(shares, default=0), len(wins)),
+        "chi_square": sum((n - even) ** 2 / even for n in shares) if even else 0.0,
+        "above_share": max(shares, default=0) / even if even else 0.0,
+        "db_cpu_per_slot": db_used / len(measured),
         "cpu_per_minute": cpu_used / schedulers / cpu_span * 60,
         "cpu_ms_per_pair": cpu_used / len(pairs) * 1000,
         "rss": statistics.fmean(rss),
@@ -581,7 +611,15 @@ def print_cluster(backend: str, result: dict[str, Any], title: str = "Cluster") 
             (f"- of the last job started (bench_{jobs - 1:03d})", ms(result["latency_last"])),
             ("child start: slot to job's first line, ms", ms(result["child_from_slot"])),
             ("child start: run row to job's first line, ms", ms(result["child_from_row"])),
+            ("- of each burst's first start, across slots", ms(result["burst_first"])),
+            ("- of each burst's last start, across slots", ms(result["burst_last"])),
             (f"runs won per scheduler, min / max ({winners} of {n} won any)", f"{low} / {high}"),
+            (
+                f"- chi-square against an even share ({n - 1} d.f.); busiest / its share",
+                f"{result['chi_square']:.1f}; {result['above_share']:.2f}x",
+            ),
+            ("statements per instant (slot), all servers", f"{total / result['slots']:,.0f}"),
+            ("database server CPU per instant, s", f"{result['db_cpu_per_slot']:.2f}"),
             ("statements per (job, slot) per server", f"{total / pairs / n:.2f}"),
             ("- without the periodic ones (see below)", f"{(total - periodic) / pairs / n:.2f}"),
             ("periodic statements per server per minute", f"{periodic / n / minutes:.1f}"),
@@ -702,6 +740,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--every", default="10s", help="the cluster's jobs' period")
     parser.add_argument("--seconds", type=float, default=200, help="the cluster run's length")
+    parser.add_argument(
+        "--max-concurrent", type=int, default=None, help="each scheduler's (its default: 10)"
+    )
     parser.add_argument("--child-seconds", type=float, default=60)
     parser.add_argument("--idle-every", default="1h")
     parser.add_argument("--idle-seconds", type=float, default=120)
@@ -719,6 +760,8 @@ def main() -> None:
         args.schedulers, args.jobs, args.seconds = 5, 10, 60
         args.child_seconds, args.idle_seconds, args.rss_slots, args.rss_warmup = 20, 30, 2_000, 500
     measures = {part.strip() for part in args.measure.split(",")}
+    if args.max_concurrent is not None:
+        SCHEDULER_ARGS.extend(["--max-concurrent", str(args.max_concurrent)])
     # As an installed package is: no process measures Python's compiler.
     for folder in (ROOT / "django_exclusive_jobs", BENCH / "scheduler_bench"):
         compileall.compile_dir(folder, quiet=1)

@@ -645,6 +645,12 @@ class Scheduler(models.Model):
     pid = models.IntegerField(_("process id"))
     version = models.CharField(_("version"), max_length=64, blank=True)
     jobs = models.JSONField(_("jobs"), default=list, help_text=_("The jobs it serves."))
+    free = models.PositiveIntegerField(
+        _("free capacity"),
+        null=True,
+        blank=True,
+        help_text=_("How many more runs it could start at its last beat (--max-concurrent)."),
+    )
     started_at = models.DateTimeField(_("started at"))
     last_beat_at = models.DateTimeField(_("last heartbeat"))
     stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)

@@ -12,7 +12,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from django_exclusive_jobs.models import JobRun
+from django_exclusive_jobs.models import JobRun, Scheduler
 from django_exclusive_jobs.run import spread
 
 from .test_command import marker, wait_for
@@ -79,6 +79,36 @@ def test_the_first_choice_changes_from_slot_to_slot_and_so_does_the_order() -> N
     assert len(lasts) > 5  # no job is always last of a burst
 
 
+def test_shares_follow_free_capacity_and_a_full_scheduler_is_last() -> None:
+    """Weighted by free capacity: twice the room, about twice the first choices; a full
+    scheduler is first for nothing while another has room, and every scheduler still
+    agrees on one first choice."""
+    live = [
+        spread.Peer("a", frozenset(JOBS), 10),
+        spread.Peer("b", frozenset(JOBS), 10),
+        spread.Peer("c", frozenset(JOBS), 20),
+        spread.Peer("d", frozenset(JOBS), 0),
+    ]
+    counts: Counter[str] = Counter()
+    for slot in (T0 + dt.timedelta(hours=n) for n in range(10)):  # 2,000 (job, slot)
+        counts += firsts(live, slot)
+    assert "d" not in counts
+    expected = {"a": 500, "b": 500, "c": 1000}
+    chi_square = sum((counts[k] - n) ** 2 / n for k, n in expected.items())
+    assert chi_square < 13.8, counts  # p = 0.001 for 2 degrees of freedom
+    for job in JOBS[:20]:
+        assert sorted(spread.rank(p.instance, job, T0, live) for p in live) == [0, 1, 2, 3]
+        assert spread.rank("d", job, T0, live) == 3
+    everyone_full = [spread.Peer(p.instance, p.jobs, 0) for p in live]
+    assert sum(firsts(everyone_full).values()) == len(JOBS)  # still one first each
+
+
+def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:
+    live = [spread.Peer("old", frozenset(JOBS)), spread.Peer("new", frozenset(JOBS), 1)]
+    counts = firsts(live)
+    assert abs(counts["old"] - counts["new"]) < 60  # 200 jobs, even shares
+
+
 # --- real schedulers ------------------------------------------------------------------
 
 
@@ -94,6 +124,8 @@ def test_runs_spread_over_every_scheduler_each_slot_once(
     wait_for(lambda: succeeded.count() >= 24, 120)
     ran_by = Counter(succeeded.values_list("pid", flat=True))
     assert set(ran_by) == {process.pid for process in started}, ran_by
+    beats = Scheduler.objects.using(alias).values_list("free", flat=True)
+    assert len(beats) == 3 and all(0 <= free <= 10 for free in beats), beats  # each says
     stop(started[0])
     seen = succeeded.count()
     wait_for(lambda: succeeded.count() >= seen + 16, 120)
@@ -116,7 +148,10 @@ def test_a_handoff_stays_within_an_eighth_of_the_interval_and_half_the_tolerance
     job = get_job("digest")  # hourly
     assert job is not None
     assert spread.handoff(job, T0, 1) == dt.timedelta(seconds=spread.HANDOFF)
-    assert spread.handoff(job, T0, 3) == dt.timedelta(seconds=3 * spread.HANDOFF)
-    assert spread.handoff(job, T0, 100) == dt.timedelta(seconds=15)  # 30 s tolerance / 2
+    # Every later choice waits twice that: two looks per instant at most, whatever N.
+    assert spread.handoff(job, T0, 2) == dt.timedelta(seconds=2 * spread.HANDOFF)
+    assert spread.handoff(job, T0, 99) == dt.timedelta(seconds=2 * spread.HANDOFF)
     fast = replace(job, schedule=make_schedule(every="2s"))
     assert spread.handoff(fast, T0, 5) == dt.timedelta(seconds=0.25)  # 2 s / 8
+    tight = replace(job, schedule=make_schedule(every="1h", tolerance="1s"))
+    assert spread.handoff(tight, T0, 1) == dt.timedelta(seconds=0.5)  # 1 s tolerance / 2

@@ -33,10 +33,12 @@ class Heartbeat:
 
         return Scheduler.objects.using(self.using)
 
-    def beat(self) -> None:
-        """Say "alive" now; may raise ``LockDatabaseError`` (the caller retries)."""
+    def beat(self, free: int | None = None) -> None:
+        """Say "alive" now, and how many more runs it could start (``free``, which work
+        spread weighs: spread.py); may raise ``LockDatabaseError`` (the caller retries)."""
         mine = self._rows().filter(instance=process.instance)
-        if not run_statement(self.using, lambda: mine.update(last_beat_at=DatabaseNow())):
+        said = {"last_beat_at": DatabaseNow(), "free": free}
+        if not run_statement(self.using, lambda: mine.update(**said)):
             run_statement(
                 self.using,
                 lambda: self._rows().create(
@@ -45,6 +47,7 @@ class Heartbeat:
                     pid=process.pid,
                     version=__version__,
                     jobs=self.jobs,
+                    free=free,
                     started_at=DatabaseNow(),
                     last_beat_at=DatabaseNow(),
                 ),

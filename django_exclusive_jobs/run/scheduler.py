@@ -209,7 +209,7 @@ class Scheduler:
                 self._read_overrides()
                 run_statement(self.using, self._first_due)
                 prepare_locks(self.jobs, using=self.using)  # the first take logs no error
-                self.heartbeat.beat()
+                self.heartbeat.beat(self.free)
                 self.peers = spread.peers(self.using)
             except LockDatabaseError as exc:
                 self._pause(self.outage.failed(exc))
@@ -265,7 +265,7 @@ class Scheduler:
             if stale or self.outage.ongoing or self.clock_doubtful:
                 run_statement(self.using, self.clock.sync)
                 self.clock_doubtful = False
-            self.heartbeat.beat()
+            self.heartbeat.beat(self.free)
             self.peers = spread.peers(self.using)
             self._write_unwritten_ends()
         except LockDatabaseError as exc:
@@ -383,6 +383,11 @@ class Scheduler:
     def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` unless stopped first."""
         self._wait(seconds)
+
+    @property
+    def free(self) -> int:
+        """How many more runs it could start now (``--max-concurrent`` less its running)."""
+        return max(0, self.max_concurrent - len(self.running))
 
     @property
     def _polls_requests(self) -> bool:

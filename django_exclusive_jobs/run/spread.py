@@ -5,16 +5,19 @@ every due job, in the same order: one (job, slot) costs a statement per server, 
 last job of a burst waits for the whole burst, and work spreads by chance.
 
 Instead each scheduler ranks the live schedulers that serve a job for one slot by a
-hash of (scheduler, job, slot) (rendezvous hashing: every scheduler computes the same
-ranking from the same list, with no message between them, and a scheduler that comes or
-goes moves only its own share). The first choice starts the slot at its time, as
-before. The others wait :func:`handoff` (their rank times ``HANDOFF``, within an eighth
-of the interval and half the slot tolerance), then ask in one query which of the slots
-they waited for have a run row (``claimed``); they start only those that have none
-(their first choice is dead, busy with ``--max-concurrent`` runs, or slow), under the
-same lock and claim as always, so correctness never depends on the ranking. A
-scheduler that stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``;
-until then its share starts a handoff late.
+hash of (scheduler, job, slot), weighed by each one's free capacity at its last beat
+(``--max-concurrent`` less its running jobs): weighted rendezvous hashing. Every
+scheduler computes the same ranking from the same rows, with no message between them;
+a scheduler that comes or goes moves only its own share; one with twice the free
+capacity is the first choice for about twice the slots, and a full one for none while
+another has room. The first choice starts the slot at its time, as before. The second
+waits :data:`HANDOFF`, all the others twice that (within an eighth of the interval and
+half the slot tolerance: :func:`handoff`), then each asks in one query which of the
+slots it waited for have a run row (``claimed``) and starts only those that have none
+(their first choice is dead, full, or slow), under the same lock and claim as always, so
+correctness never depends on the ranking. So a scheduler looks at most twice per
+instant, whatever the number of jobs due. A scheduler that stopped beating drops out of
+the list within ``Scheduler.ALIVE_FOR``; until then its share starts a handoff late.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
 no job is always last.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,25 +36,26 @@ from ..lock.retry import run_statement
 if TYPE_CHECKING:
     from .registry import Job
 
-HANDOFF = 0.5  # seconds each rank waits before taking over a slot nobody claimed
+HANDOFF = 0.5  # seconds the second choice waits before taking over; the others twice
 
 
 @dataclass(frozen=True)
 class Peer:
-    """A live scheduler: its instance and the jobs it serves."""
+    """A live scheduler: its instance, the jobs it serves and its free capacity."""
 
     instance: str
     jobs: frozenset[str]
+    free: int | None = None  # at its last beat; None: not said (counted as 1)
 
 
 def peers(using: str) -> list[Peer]:
     """The live schedulers (one query), from their heartbeat rows."""
     from ..models import Scheduler
 
-    rows = Scheduler.objects.using(using).alive().values_list("instance", "jobs")
+    rows = Scheduler.objects.using(using).alive().values_list("instance", "jobs", "free")
     return [
-        Peer(instance, frozenset(jobs or ()))
-        for instance, jobs in run_statement(using, lambda: list(rows))
+        Peer(instance, frozenset(jobs or ()), free)
+        for instance, jobs, free in run_statement(using, lambda: list(rows))
     ]
 
 
@@ -59,11 +64,21 @@ def _key(*parts: str) -> bytes:
 
 
 def rank(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> int:
-    """This scheduler's place (0: first) among the live ones serving ``job``, for ``slot``."""
+    """This scheduler's place (0: first) among the live ones serving ``job``, for ``slot``:
+    by the largest ``free / -ln(u)``, ``u`` a uniform draw from the hash of (scheduler,
+    job, slot), so each is first for a share of the slots in proportion to its free
+    capacity; a full one comes after all the others."""
     moment = slot.isoformat()
-    serving = {peer.instance for peer in live if job in peer.jobs} | {me}
-    ranked = sorted(serving, key=lambda instance: _key(instance, job, moment))
-    return ranked.index(me)
+    weights = {peer.instance: peer.free for peer in live if job in peer.jobs}
+    weights.setdefault(me, None)
+
+    def score(instance: str) -> tuple[float, bytes]:
+        key = _key(instance, job, moment)
+        u = (int.from_bytes(key, "big") + 0.5) / 2**64  # in (0, 1)
+        free = weights[instance]
+        return (-(1 if free is None else free) / -math.log(u), key)
+
+    return sorted(weights, key=score).index(me)
 
 
 def turn(me: str, job: str, due: dt.datetime) -> bytes:
@@ -72,13 +87,16 @@ def turn(me: str, job: str, due: dt.datetime) -> bytes:
 
 
 def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta:
-    """How long after its start the scheduler ranked ``place`` waits for the slot: its
-    rank times ``HANDOFF``, within an eighth of the interval and half the slot tolerance
-    (so a start taken over is still on time for ``catch_up="skip"``)."""
+    """How long after its start the scheduler ranked ``place`` waits for the slot:
+    ``HANDOFF`` for the second choice, twice that for all the others (so one scheduler's
+    slots of an instant are looked at in at most two queries), within an eighth of the
+    interval and half the slot tolerance (so a start taken over is still on time for
+    ``catch_up="skip"``)."""
     assert job.schedule is not None
     interval = job.schedule.next_after(slot) - slot
     allowance = job.schedule.early_allowance(slot)
-    return min(dt.timedelta(seconds=place * HANDOFF), interval / 8, allowance / 2)
+    wait = dt.timedelta(seconds=min(place, 2) * HANDOFF)
+    return min(wait, interval / 8, allowance / 2)
 
 
 def claimed(slots: dict[str, dt.datetime], *, using: str) -> set[str]:
