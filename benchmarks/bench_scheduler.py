@@ -381,11 +381,12 @@ def cluster_run(
             raise SystemExit("--seconds is too short for a measured slot")
         # Each period of the window holds one slot's starts; CPU is sampled mid-period.
         time.sleep(max(0.0, measured[0] - period / 2 - time.time()))
-        cpu_before, db_before = cluster.cpu(), database_cpu(backend)
+        db_before, db_from = database_cpu(backend), time.time()
+        cpu_before = cluster.cpu()  # a look at every process: may take a while
         cpu_from = time.time()
         time.sleep(max(0.0, last - period / 2 - time.time()))
+        db_used, db_span = database_cpu(backend) - db_before, time.time() - db_from
         cpu_used = cluster.cpu() - cpu_before
-        db_used = database_cpu(backend) - db_before
         cpu_span = time.time() - cpu_from
         rss = [rss_mib(process.pid) for process in cluster.processes]
         time.sleep(max(0.0, last + min(period / 2, 5.0) - time.time()))
@@ -453,7 +454,7 @@ def cluster_run(
         "wins": (min(shares, default=0), max(shares, default=0), len(wins)),
         "chi_square": sum((n - even) ** 2 / even for n in shares) if even else 0.0,
         "above_share": max(shares, default=0) / even if even else 0.0,
-        "db_cpu_per_slot": db_used / len(measured),
+        "db_cpu_per_slot": db_used / db_span * period,
         "cpu_per_minute": cpu_used / schedulers / cpu_span * 60,
         "cpu_ms_per_pair": cpu_used / len(pairs) * 1000,
         "rss": statistics.fmean(rss),

@@ -103,6 +103,21 @@ def test_shares_follow_free_capacity_and_a_full_scheduler_is_last() -> None:
     assert sum(firsts(everyone_full).values()) == len(JOBS)  # still one first each
 
 
+def test_a_burst_says_how_many_slots_each_first_choice_starts_before_a_job() -> None:
+    """Every scheduler computes the same plan of a burst: each job's first choice, and
+    its position in that choice's own order of its share."""
+    live = peers("a", "b", "c")
+    burst = dict.fromkeys(JOBS[:60], T0)
+    plans = {p.instance: spread.places(p.instance, T0, burst, live) for p in live}
+    for job in burst:
+        assert sorted(plans[p.instance][job][0] for p in live) == [0, 1, 2]
+        assert len({plans[p.instance][job][1] for p in live}) == 1  # agreed
+    for me in ("a", "b", "c"):
+        mine = [job for job in burst if plans[me][job][0] == 0]
+        order = sorted(mine, key=lambda job: spread.turn(me, job, T0))
+        assert [plans[me][job][1] for job in order] == list(range(len(mine)))
+
+
 def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:
     live = [spread.Peer("old", frozenset(JOBS)), spread.Peer("new", frozenset(JOBS), 1)]
     counts = firsts(live)
@@ -148,9 +163,12 @@ def test_a_handoff_stays_within_an_eighth_of_the_interval_and_half_the_tolerance
     job = get_job("digest")  # hourly
     assert job is not None
     assert spread.handoff(job, T0, 1) == dt.timedelta(seconds=spread.HANDOFF)
-    # Every later choice waits twice that: two looks per instant at most, whatever N.
-    assert spread.handoff(job, T0, 2) == dt.timedelta(seconds=2 * spread.HANDOFF)
-    assert spread.handoff(job, T0, 99) == dt.timedelta(seconds=2 * spread.HANDOFF)
+    # The second choice waits longer while the first choices start their share first.
+    assert spread.handoff(job, T0, 1, 2.0) == dt.timedelta(seconds=spread.HANDOFF + 2.0)
+    # Every later choice is a last resort: the longest wait (here 30 s tolerance / 2).
+    assert spread.handoff(job, T0, 2) == dt.timedelta(seconds=15)
+    assert spread.handoff(job, T0, 99) == dt.timedelta(seconds=15)
+    assert spread.handoff(job, T0, 1, 60.0) == dt.timedelta(seconds=15)
     fast = replace(job, schedule=make_schedule(every="2s"))
     assert spread.handoff(fast, T0, 5) == dt.timedelta(seconds=0.25)  # 2 s / 8
     tight = replace(job, schedule=make_schedule(every="1h", tolerance="1s"))

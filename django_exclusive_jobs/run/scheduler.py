@@ -144,6 +144,8 @@ class Scheduler:
         # is not the first choice for, waiting their handoff: their slot's start.
         self.peers: list[spread.Peer] = []
         self.handed: dict[str, dt.datetime] = {}
+        self.start_seconds = 0.02  # how long a start takes here, a moving average
+        self.first_for: dict[str, dt.datetime] = {}  # the slots' starts it is first for
         # The runs started here, by the name of their lock: the job's, so a job runs once
         # at a time, or under overlap="allow_all" its slot's, so its slots run side by side.
         self.running: dict[str, Active] = {}
@@ -292,6 +294,7 @@ class Scheduler:
             return
         now = self.clock.now()
         me = process.instance
+        handoffs = self._handoffs(now)
         waited: dict[str, dt.datetime] = {}  # handed-off jobs whose wait is over
         for name, due in sorted(self.due.items(), key=lambda i: (i[1], spread.turn(me, *i))):
             if self.stopping or due > now:
@@ -304,27 +307,49 @@ class Scheduler:
             if name in self.handed:
                 waited[name] = self.handed.pop(name)
                 continue
-            later = self._handoff(name, due)
-            if later is not None:
-                self.handed[name], self.due[name] = due, later
+            if name in handoffs:
+                self.handed[name], self.due[name] = due, handoffs[name]
                 continue
+            began, runs = time.monotonic(), self.started_runs
             self._start(self.jobs[name], due)
+            if self.started_runs > runs:  # how long a start takes here: see _handoffs
+                took = time.monotonic() - began
+                self.start_seconds += (took - self.start_seconds) / 8
             now = self.clock.now()
         if waited:
             self._take_over(waited)
 
-    def _handoff(self, name: str, due: dt.datetime) -> dt.datetime | None:
-        """When to look again at ``name``'s slot starting at ``due`` if this scheduler is
-        not its first choice; None: start it now (first choice, or not a slot's start:
-        a catch-up, a retry, a recheck)."""
-        job = self.jobs[name]
-        if job.schedule is None or len(self.peers) < 2:
-            return None
-        slot = job.schedule.latest_at_or_before(due)[0]
-        if job.start_of(slot) != due:
-            return None
-        place = spread.rank(process.instance, name, slot, self.peers)
-        return due + spread.handoff(job, slot, place) if place else None
+    def _handoffs(self, now: dt.datetime) -> dict[str, dt.datetime]:
+        """When to look again at each slot due by ``now`` that this scheduler is not the
+        first choice for (spread.py): the jobs whose slot starts at one instant form a
+        burst; the slots it is second for are looked at together, once their first
+        choices should have started their share (at the pace of a start here), and so are
+        those it comes later for. A start that is not a slot's (a catch-up, a retry, a
+        recheck) is not handed off."""
+        if len(self.peers) < 2:
+            return {}
+        bursts: dict[dt.datetime, dict[str, dt.datetime]] = {}
+        for name, due in self.due.items():
+            job = self.jobs[name]
+            if due > now or name in self.handed or name in self.running or job.schedule is None:
+                continue
+            if self.first_for.get(name) == due:  # placed already (it waits for room here)
+                continue
+            slot = job.schedule.latest_at_or_before(due)[0]
+            if job.start_of(slot) == due:
+                bursts.setdefault(due, {})[name] = slot
+        later = {}
+        for due, slots in bursts.items():
+            places = spread.places(process.instance, due, slots, self.peers)
+            self.first_for.update((name, due) for name, (place, _) in places.items() if not place)
+            # The second choice looks at all its slots of the burst at once: when the
+            # longest share ahead of one of them should have been started.
+            ahead = max((ahead for place, ahead in places.values() if place == 1), default=0)
+            for name, (place, _) in places.items():
+                if place:
+                    wait = ahead * self.start_seconds
+                    later[name] = due + spread.handoff(self.jobs[name], slots[name], place, wait)
+        return later
 
     def _take_over(self, waited: dict[str, dt.datetime]) -> None:
         """One query for the slots this scheduler waited for: start those nobody claimed.

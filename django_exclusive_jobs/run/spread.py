@@ -11,13 +11,18 @@ scheduler computes the same ranking from the same rows, with no message between 
 a scheduler that comes or goes moves only its own share; one with twice the free
 capacity is the first choice for about twice the slots, and a full one for none while
 another has room. The first choice starts the slot at its time, as before. The second
-waits :data:`HANDOFF`, all the others twice that (within an eighth of the interval and
-half the slot tolerance: :func:`handoff`), then each asks in one query which of the
-slots it waited for have a run row (``claimed``) and starts only those that have none
-(their first choice is dead, full, or slow), under the same lock and claim as always, so
-correctness never depends on the ranking. So a scheduler looks at most twice per
-instant, whatever the number of jobs due. A scheduler that stopped beating drops out of
-the list within ``Scheduler.ALIVE_FOR``; until then its share starts a handoff late.
+waits :data:`HANDOFF` plus the time the first choices need to start their share of the
+burst (:func:`places` says how many slots each starts before the one waited for; a start
+takes about as long there as here); all the others wait, as a last resort, an eighth of
+the interval or half the slot tolerance, whichever is shorter (:func:`handoff`), so they
+do not all race while the first two are merely slow. Then each asks in one query which
+of the slots it waited for have a run row (``claimed``) and starts only those that have
+none (their first choice is dead, full, or slow), under the same lock and claim as
+always, so correctness never depends on the ranking. All the slots of one burst for
+which a scheduler is second are looked at together, and all those for which it comes
+later: at most two looks per instant, whatever the number of jobs due. A scheduler that
+stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``; until then its
+share starts a handoff late.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
 no job is always last.
@@ -36,7 +41,7 @@ from ..lock.retry import run_statement
 if TYPE_CHECKING:
     from .registry import Job
 
-HANDOFF = 0.5  # seconds the second choice waits before taking over; the others twice
+HANDOFF = 0.5  # seconds the second choice waits before taking over (and its queue)
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,8 @@ def _key(*parts: str) -> bytes:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest()
 
 
-def rank(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> int:
-    """This scheduler's place (0: first) among the live ones serving ``job``, for ``slot``:
+def ranking(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> list[str]:
+    """The live schedulers serving ``job`` (and ``me``), first choice first, for ``slot``:
     by the largest ``free / -ln(u)``, ``u`` a uniform draw from the hash of (scheduler,
     job, slot), so each is first for a share of the slots in proportion to its free
     capacity; a full one comes after all the others."""
@@ -78,7 +83,12 @@ def rank(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> int:
         free = weights[instance]
         return (-(1 if free is None else free) / -math.log(u), key)
 
-    return sorted(weights, key=score).index(me)
+    return sorted(weights, key=score)
+
+
+def rank(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> int:
+    """This scheduler's place (0: first) among the live ones serving ``job``, for ``slot``."""
+    return ranking(me, job, slot, live).index(me)
 
 
 def turn(me: str, job: str, due: dt.datetime) -> bytes:
@@ -86,17 +96,38 @@ def turn(me: str, job: str, due: dt.datetime) -> bytes:
     return _key(me, job, due.isoformat(), "turn")
 
 
-def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta:
-    """How long after its start the scheduler ranked ``place`` waits for the slot:
-    ``HANDOFF`` for the second choice, twice that for all the others (so one scheduler's
-    slots of an instant are looked at in at most two queries), within an eighth of the
-    interval and half the slot tolerance (so a start taken over is still on time for
-    ``catch_up="skip"``)."""
+def places(
+    me: str, due: dt.datetime, slots: dict[str, dt.datetime], live: list[Peer]
+) -> dict[str, tuple[int, int]]:
+    """For each job of a burst (the jobs whose slot starts at ``due``, with their slot):
+    this scheduler's place, and how many of the burst's slots the job's first choice
+    starts before it (its share, in its own order)."""
+    orders = {name: ranking(me, name, slot, live) for name, slot in slots.items()}
+    shares: dict[str, list[str]] = {}
+    for name, order in orders.items():
+        shares.setdefault(order[0], []).append(name)
+    ahead = {}
+    for first, names in shares.items():
+        for before, name in enumerate(sorted(names, key=lambda n: turn(first, n, due))):
+            ahead[name] = before
+    return {name: (order.index(me), ahead[name]) for name, order in orders.items()}
+
+
+def handoff(job: Job, slot: dt.datetime, place: int, queue: float = 0.0) -> dt.timedelta:
+    """How long after its start the scheduler ranked ``place`` waits for the slot: the
+    second choice ``HANDOFF`` plus ``queue`` (seconds: when the first choices should have
+    started their share of the burst); every later one, as a last resort, the longest
+    wait of all: an eighth of the interval or half the slot tolerance, whichever is
+    shorter (so a start taken over is still on time for ``catch_up="skip"``, and the
+    many schedulers ranked after the second do not all race while the first two are
+    merely slow)."""
     assert job.schedule is not None
     interval = job.schedule.next_after(slot) - slot
     allowance = job.schedule.early_allowance(slot)
-    wait = dt.timedelta(seconds=min(place, 2) * HANDOFF)
-    return min(wait, interval / 8, allowance / 2)
+    longest = min(interval / 8, allowance / 2)
+    if place >= 2:
+        return longest
+    return min(dt.timedelta(seconds=HANDOFF + queue), longest)
 
 
 def claimed(slots: dict[str, dt.datetime], *, using: str) -> set[str]:
