@@ -144,8 +144,10 @@ class Scheduler:
         # is not the first choice for, waiting their handoff: their slot's start.
         self.peers: list[spread.Peer] = []
         self.handed: dict[str, dt.datetime] = {}
-        self.start_seconds = 0.02  # how long a start takes here, a moving average
         self.first_for: dict[str, dt.datetime] = {}  # the slots' starts it is first for
+        # For each handed job: the head of its first choice's share, its slot, and when
+        # to look again if that first choice is at work (None: leave the slot to it).
+        self.heads: dict[str, tuple[str, dt.datetime, dt.datetime | None]] = {}
         # The runs started here, by the name of their lock: the job's, so a job runs once
         # at a time, or under overlap="allow_all" its slot's, so its slots run side by side.
         self.running: dict[str, Active] = {}
@@ -310,22 +312,16 @@ class Scheduler:
             if name in handoffs:
                 self.handed[name], self.due[name] = due, handoffs[name]
                 continue
-            began, runs = time.monotonic(), self.started_runs
             self._start(self.jobs[name], due)
-            if self.started_runs > runs:  # how long a start takes here: see _handoffs
-                took = time.monotonic() - began
-                self.start_seconds += (took - self.start_seconds) / 8
             now = self.clock.now()
         if waited:
             self._take_over(waited)
 
     def _handoffs(self, now: dt.datetime) -> dict[str, dt.datetime]:
         """When to look again at each slot due by ``now`` that this scheduler is not the
-        first choice for (spread.py): the jobs whose slot starts at one instant form a
-        burst; the slots it is second for are looked at together, once their first
-        choices should have started their share (at the pace of a start here), and so are
-        those it comes later for. A start that is not a slot's (a catch-up, a retry, a
-        recheck) is not handed off."""
+        first choice for (spread.py), and, in ``self.heads``, the slot whose run shows
+        that its first choice is at work. A start that is not a slot's (a catch-up, a
+        retry, a recheck) is not handed off."""
         if len(self.peers) < 2:
             return {}
         bursts: dict[dt.datetime, dict[str, dt.datetime]] = {}
@@ -340,39 +336,56 @@ class Scheduler:
                 bursts.setdefault(due, {})[name] = slot
         later = {}
         for due, slots in bursts.items():
-            places = spread.places(process.instance, due, slots, self.peers)
-            self.first_for.update((name, due) for name, (place, _) in places.items() if not place)
-            # The second choice looks at all its slots of the burst at once: when the
-            # longest share ahead of one of them should have been started.
-            ahead = max((ahead for place, ahead in places.values() if place == 1), default=0)
-            for name, (place, _) in places.items():
-                if place:
-                    wait = ahead * self.start_seconds
-                    later[name] = due + spread.handoff(self.jobs[name], slots[name], place, wait)
+            for name, (place, head) in spread.places(
+                process.instance, due, slots, self.peers
+            ).items():
+                if not place:
+                    self.first_for[name] = due
+                    continue
+                job = self.jobs[name]
+                later[name] = due + spread.handoff(job, slots[name], place)
+                # The second choice looks again at the last resort's time, then without
+                # asking whether the first choice is at work (it may have died since).
+                again = due + spread.handoff(job, slots[name], 2) if place == 1 else None
+                self.heads[name] = (head, slots[head], again)
         return later
 
     def _take_over(self, waited: dict[str, dt.datetime]) -> None:
-        """One query for the slots this scheduler waited for: start those nobody claimed.
-        A claimed one's next start is its next slot, unless its policy has it look again
-        (retries, a buffering overlap): then it starts as usual, and decides."""
+        """One query for the slots this scheduler waited for and the heads of their first
+        choices' shares: start those nobody claimed whose first choice has not claimed
+        its head either (dead, full or stuck). One that has is at work: the second choice
+        looks again at the last resort's time and then starts the slot if it is still
+        unclaimed; a later choice leaves it to it. A slot left or claimed starts next at
+        its next slot, unless its policy has it look again (retries, a buffering
+        overlap): then it starts as usual, and decides."""
         slots = {}
         for name, due in waited.items():
             schedule = self.jobs[name].schedule
             assert schedule is not None
             slots[name] = schedule.latest_at_or_before(due)[0]
+        heads = {name: self.heads.pop(name, (name, slots[name], None)) for name in waited}
+        looked = {head: slot for head, slot, _ in heads.values()}
         try:
-            claimed = spread.claimed(slots, using=self.using)
+            claimed = spread.claimed({**looked, **slots}, using=self.using)
         except LockDatabaseError as exc:
             self.handed.update(waited)  # looked at again once the database answers
+            self.heads.update(heads)
             self._database_down(exc)
             return
         for name, due in waited.items():
             job = self.jobs[name]
             rechecks = job.retries or job.overlap not in ("skip", "allow_all")
-            if name in claimed and not rechecks:
-                self._next(job, None, self._following(job, due))
+            head, _, again = heads[name]
+            at_work = head != name and head in claimed
+            if (name in claimed or at_work) and not rechecks:
+                if name not in claimed and again is not None:
+                    self.handed[name], self.due[name] = due, again
+                    self.heads[name] = (name, slots[name], None)
+                else:
+                    self._next(job, None, self._following(job, due))
             elif self.stopping or len(self.running) >= self.max_concurrent:
                 self.handed[name], self.due[name] = due, due  # full: looked at again
+                self.heads[name] = heads[name]
             else:
                 self._start(job, due)
 

@@ -11,18 +11,21 @@ scheduler computes the same ranking from the same rows, with no message between 
 a scheduler that comes or goes moves only its own share; one with twice the free
 capacity is the first choice for about twice the slots, and a full one for none while
 another has room. The first choice starts the slot at its time, as before. The second
-waits :data:`HANDOFF` plus the time the first choices need to start their share of the
-burst (:func:`places` says how many slots each starts before the one waited for; a start
-takes about as long there as here); all the others wait, as a last resort, an eighth of
-the interval or half the slot tolerance, whichever is shorter (:func:`handoff`), so they
-do not all race while the first two are merely slow. Then each asks in one query which
-of the slots it waited for have a run row (``claimed``) and starts only those that have
-none (their first choice is dead, full, or slow), under the same lock and claim as
-always, so correctness never depends on the ranking. All the slots of one burst for
-which a scheduler is second are looked at together, and all those for which it comes
-later: at most two looks per instant, whatever the number of jobs due. A scheduler that
-stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``; until then its
-share starts a handoff late.
+waits :data:`HANDOFF`; all the others wait, as a last resort, an eighth of the interval
+or half the slot tolerance, whichever is shorter (:func:`handoff`). Then each asks in one
+query which of the slots it waited for have a run row (``claimed``), and, with them, the
+head of each one's first choice's share of the burst (:func:`places`: the slot that
+scheduler starts first). A slot with no run whose first choice has not claimed its head
+either is started: that scheduler is dead, full, or stuck. A first choice that has
+claimed its head is alive and working through its share, and its slots are left to it,
+so a busy burst does not turn into every scheduler racing for the slots not reached yet:
+only the second choice looks again, at the last resort's time, and starts what is still
+unclaimed then (the first choice may have died during the burst). Any start taken over
+goes through the same lock and claim as always, so correctness never depends on the
+ranking. All the slots of one burst for which a scheduler is second are looked at
+together, and all the others at the last resort's time: at most two looks per instant,
+whatever the number of jobs due. A scheduler that stopped beating drops out of the list
+within ``Scheduler.ALIVE_FOR``.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
 no job is always last.
@@ -41,7 +44,7 @@ from ..lock.retry import run_statement
 if TYPE_CHECKING:
     from .registry import Job
 
-HANDOFF = 0.5  # seconds the second choice waits before taking over (and its queue)
+HANDOFF = 1.0  # seconds the second choice waits before it may take over a slot
 
 
 @dataclass(frozen=True)
@@ -98,36 +101,32 @@ def turn(me: str, job: str, due: dt.datetime) -> bytes:
 
 def places(
     me: str, due: dt.datetime, slots: dict[str, dt.datetime], live: list[Peer]
-) -> dict[str, tuple[int, int]]:
+) -> dict[str, tuple[int, str]]:
     """For each job of a burst (the jobs whose slot starts at ``due``, with their slot):
-    this scheduler's place, and how many of the burst's slots the job's first choice
-    starts before it (its share, in its own order)."""
+    this scheduler's place, and the head of the job's first choice's share: the job that
+    first choice starts first, which it has claimed within moments if it is alive."""
     orders = {name: ranking(me, name, slot, live) for name, slot in slots.items()}
-    shares: dict[str, list[str]] = {}
+    heads: dict[str, str] = {}
     for name, order in orders.items():
-        shares.setdefault(order[0], []).append(name)
-    ahead = {}
-    for first, names in shares.items():
-        for before, name in enumerate(sorted(names, key=lambda n: turn(first, n, due))):
-            ahead[name] = before
-    return {name: (order.index(me), ahead[name]) for name, order in orders.items()}
+        first = order[0]
+        if first not in heads or turn(first, name, due) < turn(first, heads[first], due):
+            heads[first] = name
+    return {name: (order.index(me), heads[order[0]]) for name, order in orders.items()}
 
 
-def handoff(job: Job, slot: dt.datetime, place: int, queue: float = 0.0) -> dt.timedelta:
+def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta:
     """How long after its start the scheduler ranked ``place`` waits for the slot: the
-    second choice ``HANDOFF`` plus ``queue`` (seconds: when the first choices should have
-    started their share of the burst); every later one, as a last resort, the longest
-    wait of all: an eighth of the interval or half the slot tolerance, whichever is
-    shorter (so a start taken over is still on time for ``catch_up="skip"``, and the
-    many schedulers ranked after the second do not all race while the first two are
-    merely slow)."""
+    second choice ``HANDOFF``, every later one, as a last resort, the longest wait: an
+    eighth of the interval or half the slot tolerance, whichever is shorter (so a start
+    taken over is still on time for ``catch_up="skip"``); the second choice's wait is at
+    most half of that."""
     assert job.schedule is not None
     interval = job.schedule.next_after(slot) - slot
     allowance = job.schedule.early_allowance(slot)
     longest = min(interval / 8, allowance / 2)
     if place >= 2:
         return longest
-    return min(dt.timedelta(seconds=HANDOFF + queue), longest)
+    return min(dt.timedelta(seconds=HANDOFF), longest / 2)
 
 
 def claimed(slots: dict[str, dt.datetime], *, using: str) -> set[str]:
