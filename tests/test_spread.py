@@ -164,11 +164,13 @@ def test_a_handoff_stays_within_an_eighth_of_the_interval_and_half_the_tolerance
     job = get_job("digest")  # hourly
     assert job is not None
     assert spread.handoff(job, T0, 1) == dt.timedelta(seconds=spread.HANDOFF)
-    # Every later choice is a last resort: the longest wait (here 30 s tolerance / 2).
+    # The third choice is a last resort: the longest wait (here 30 s tolerance / 2);
+    # the others never take a slot over, however many serve the job.
     assert spread.handoff(job, T0, 2) == dt.timedelta(seconds=15)
-    assert spread.handoff(job, T0, 99) == dt.timedelta(seconds=15)
+    assert spread.handoff(job, T0, 3) is None
+    assert spread.handoff(job, T0, 99) is None
     fast = replace(job, schedule=make_schedule(every="2s"))
-    assert spread.handoff(fast, T0, 5) == dt.timedelta(seconds=0.25)  # 2 s / 8
+    assert spread.handoff(fast, T0, 2) == dt.timedelta(seconds=0.25)  # 2 s / 8
     assert spread.handoff(fast, T0, 1) == dt.timedelta(seconds=0.125)  # half of that
     tight = replace(job, schedule=make_schedule(every="1h", tolerance="1s"))
     assert spread.handoff(tight, T0, 1) == dt.timedelta(seconds=0.25)  # 1 s tolerance / 4

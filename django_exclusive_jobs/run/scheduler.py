@@ -310,16 +310,21 @@ class Scheduler:
                 waited[name] = self.handed.pop(name)
                 continue
             if name in handoffs:
-                self.handed[name], self.due[name] = due, handoffs[name]
+                look = handoffs[name]
+                if look is None:  # not among its slot's first three choices
+                    self._next(self.jobs[name], None, self._following(self.jobs[name], due))
+                else:
+                    self.handed[name], self.due[name] = due, look
                 continue
             self._start(self.jobs[name], due)
             now = self.clock.now()
         if waited:
             self._take_over(waited)
 
-    def _handoffs(self, now: dt.datetime) -> dict[str, dt.datetime]:
+    def _handoffs(self, now: dt.datetime) -> dict[str, dt.datetime | None]:
         """When to look again at each slot due by ``now`` that this scheduler is not the
-        first choice for (spread.py), and, in ``self.heads``, the slot whose run shows
+        first choice for (spread.py; None: never, it is not among the first three), and,
+        in ``self.heads``, the slot whose run shows
         that its first choice is at work. A start that is not a slot's (a catch-up, a
         retry, a recheck) is not handed off."""
         if len(self.peers) < 2:
@@ -334,7 +339,7 @@ class Scheduler:
             slot = job.schedule.latest_at_or_before(due)[0]
             if job.start_of(slot) == due:
                 bursts.setdefault(due, {})[name] = slot
-        later = {}
+        later: dict[str, dt.datetime | None] = {}
         for due, slots in bursts.items():
             for name, (place, head) in spread.places(
                 process.instance, due, slots, self.peers
@@ -343,10 +348,15 @@ class Scheduler:
                     self.first_for[name] = due
                     continue
                 job = self.jobs[name]
-                later[name] = due + spread.handoff(job, slots[name], place)
+                wait = spread.handoff(job, slots[name], place)
+                if wait is None:  # left to the first three choices
+                    later[name] = None
+                    continue
+                later[name] = due + wait
                 # The second choice looks again at the last resort's time, then without
                 # asking whether the first choice is at work (it may have died since).
-                again = due + spread.handoff(job, slots[name], 2) if place == 1 else None
+                last = spread.handoff(job, slots[name], 2)
+                again = due + last if place == 1 and last is not None else None
                 self.heads[name] = (head, slots[head], again)
         return later
 

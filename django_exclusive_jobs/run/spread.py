@@ -11,21 +11,22 @@ scheduler computes the same ranking from the same rows, with no message between 
 a scheduler that comes or goes moves only its own share; one with twice the free
 capacity is the first choice for about twice the slots, and a full one for none while
 another has room. The first choice starts the slot at its time, as before. The second
-waits :data:`HANDOFF`; all the others wait, as a last resort, an eighth of the interval
-or half the slot tolerance, whichever is shorter (:func:`handoff`). Then each asks in one
-query which of the slots it waited for have a run row (``claimed``), and, with them, the
-head of each one's first choice's share of the burst (:func:`places`: the slot that
-scheduler starts first). A slot with no run whose first choice has not claimed its head
-either is started: that scheduler is dead, full, or stuck. A first choice that has
-claimed its head is alive and working through its share, and its slots are left to it,
-so a busy burst does not turn into every scheduler racing for the slots not reached yet:
-only the second choice looks again, at the last resort's time, and starts what is still
-unclaimed then (the first choice may have died during the burst). Any start taken over
-goes through the same lock and claim as always, so correctness never depends on the
-ranking. All the slots of one burst for which a scheduler is second are looked at
-together, and all the others at the last resort's time: at most two looks per instant,
-whatever the number of jobs due. A scheduler that stopped beating drops out of the list
-within ``Scheduler.ALIVE_FOR``.
+waits :data:`HANDOFF`; the third waits, as a last resort, an eighth of the interval or
+half the slot tolerance, whichever is shorter (:func:`handoff`); the others leave the
+slot to those three, so however many schedulers serve a job, at most three ever race for
+one of its slots. Each asks, in one query for all the slots it waited for, which have a
+run row (``claimed``), and whether each one's first choice has claimed the head of its
+share of the burst (:func:`places`: the slot that scheduler starts first). A slot with no
+run whose first choice has not claimed its head either is started: that scheduler is
+dead, full, or stuck. A first choice that has claimed its head is alive and working
+through its share, and its slots are left to it, so a busy burst does not turn into
+schedulers racing for the slots not reached yet: only the second choice looks again, at
+the last resort's time, and starts what is still unclaimed then (the first choice may
+have died during the burst). Any start taken over goes through the same lock and claim
+as always, so correctness never depends on the ranking. All the slots of one burst for
+which a scheduler is second are looked at together, and all the others at the last
+resort's time: at most two looks per instant, whatever the number of jobs due. A
+scheduler that stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
 no job is always last.
@@ -114,17 +115,20 @@ def places(
     return {name: (order.index(me), heads[order[0]]) for name, order in orders.items()}
 
 
-def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta:
+def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta | None:
     """How long after its start the scheduler ranked ``place`` waits for the slot: the
-    second choice ``HANDOFF``, every later one, as a last resort, the longest wait: an
-    eighth of the interval or half the slot tolerance, whichever is shorter (so a start
-    taken over is still on time for ``catch_up="skip"``); the second choice's wait is at
-    most half of that."""
+    second choice ``HANDOFF``, the third, as a last resort, the longest wait: an eighth
+    of the interval or half the slot tolerance, whichever is shorter (so a start taken
+    over is still on time for ``catch_up="skip"``); the second choice's wait is at most
+    half of that. None: a later one leaves the slot to those three (at most three
+    servers ever race for a slot, however many serve the job)."""
     assert job.schedule is not None
+    if place > 2:
+        return None
     interval = job.schedule.next_after(slot) - slot
     allowance = job.schedule.early_allowance(slot)
     longest = min(interval / 8, allowance / 2)
-    if place >= 2:
+    if place == 2:
         return longest
     return min(dt.timedelta(seconds=HANDOFF), longest / 2)
 
