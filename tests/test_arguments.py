@@ -270,3 +270,52 @@ def test_a_direct_call_gets_the_callers_arguments_and_records_none(
     assert (tmp_path / "marker").read_text().split()[:3] == ["digest", "dev@example.com", "2"]
     [run] = JobRun.objects.filter(name="digest")
     assert (run.status, run.kwargs) == ("succeeded", {})
+
+
+# --- the fencing token, given to a function that takes `token` --------------------------
+
+
+def test_a_function_with_a_token_parameter_gets_its_runs_fencing_token(
+    alias: str, marker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a cron line (run_exclusive), from the scheduler's child process (a run asked
+    for now), and in a direct call: the token the job is given is its run's."""
+    result = manage(alias, "fenced", env=command_env(marker))
+    assert result.returncode == 0, result.stderr
+    monkeypatch.setenv("MARKER", str(marker))
+    job = get_job("fenced")
+    assert job is not None
+    control.request_run("fenced", by="operator", using=alias)
+    scheduler = Scheduler(
+        [], on_request=[job.but(using=alias)], using=alias, max_runs=1, run_for=60
+    )
+    assert scheduler.run() == 0
+    given = [int(line.split()[1]) for line in marker.read_text().splitlines()]
+    recorded = list(
+        JobRun.objects.using(alias)
+        .filter(name="fenced")
+        .order_by("pk")
+        .values_list("token", flat=True)
+    )
+    assert given == recorded and len(given) == 2 and given[0] < given[1]
+
+
+def test_a_direct_call_gets_the_token_unless_the_caller_gives_one(alias: str) -> None:
+    seen: list[int] = []
+
+    @exclusive_job("fenced_direct", using=alias)
+    def fenced_direct(token: int) -> None:
+        seen.append(token)
+
+    fenced_direct()
+    fenced_direct(token=7)  # type: ignore[call-arg]
+    first, _ = JobRun.objects.using(alias).filter(name="fenced_direct").order_by("pk")
+    assert seen == [first.token, 7]
+
+
+def test_kwargs_may_not_give_the_token_a_run_gives() -> None:
+    def takes_token(token: int) -> None:
+        pass
+
+    with pytest.raises(LockConfigurationError, match="must not give 'token'"):
+        exclusive_job("fenced_bad", every="1h", kwargs={"token": 3})(takes_token)

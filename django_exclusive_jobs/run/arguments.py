@@ -15,11 +15,16 @@ from typing import Any
 
 from ..lock.errors import LockConfigurationError
 
+# What each run gives a function that takes it: the slot it serves, and its lock's
+# fencing token (for writes that must refuse a holder that was taken over).
+GIVEN = ("slot", "token")
+
 
 def check_kwargs(
     func: Callable[..., Any], kwargs: object, *, what: str = "kwargs"
 ) -> dict[str, Any]:
-    """``kwargs`` if they are JSON and fit ``func`` (with ``slot`` when it takes one)."""
+    """``kwargs`` if they are JSON and fit ``func`` (with ``slot`` and ``token`` when it
+    takes them: each run gives them)."""
     if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
         raise LockConfigurationError(
             f"{what} must be a dict of argument names to values, not {kwargs!r}."
@@ -30,15 +35,18 @@ def check_kwargs(
             "str, int, float, bool, None, lists and dicts with str keys."
         )
     signature = inspect.signature(func)
-    takes_slot = "slot" in signature.parameters
-    if takes_slot and "slot" in kwargs:
-        raise LockConfigurationError(f"{what} must not give 'slot': each run is given its slot.")
+    given = [name for name in GIVEN if name in signature.parameters]
+    for name in given:
+        if name in kwargs:
+            raise LockConfigurationError(
+                f"{what} must not give '{name}': each run is given its {name}."
+            )
     fits = f"{what} {kwargs!r} do not fit {func.__qualname__}{_bare(signature)}"
     unknown = [key for key in kwargs if not _takes(signature, key)]
     if unknown:  # said first: a misspelt name also makes a required one missing
         raise LockConfigurationError(f"{fits}: unknown argument {', '.join(map(repr, unknown))}.")
     try:
-        signature.bind(**kwargs, **({"slot": None} if takes_slot else {}))
+        signature.bind(**kwargs, **dict.fromkeys(given))
     except TypeError as exc:
         raise LockConfigurationError(f"{fits}: {exc}.") from None
     return kwargs

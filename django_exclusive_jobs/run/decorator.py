@@ -9,6 +9,7 @@ from typing import Any, TypeVar, overload
 
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
+from ..lock.lock import Lock
 from ..lock.validation import MAX_NAME_LENGTH, validate_name, validate_timeout, validate_timing
 from . import slot_locks
 from .arguments import check_kwargs
@@ -106,7 +107,9 @@ def exclusive_job(
     ``"buffer_all"`` (each runs, in order, at most ``catch_up_limit``) or
     ``"cancel_other"`` (the newer slot stops the run, on whatever server) or
     ``"allow_all"`` (each slot runs at its time, beside any still running). A function
-    with a ``slot`` parameter is given the slot (a UTC datetime) it serves.
+    with a ``slot`` parameter is given the slot (a UTC datetime) it serves; one with a
+    ``token`` parameter, its lock's fencing token (an int that grows at every take: pass
+    it to writes that must refuse a holder that was taken over).
 
     The other arguments: ``ttl`` (lease length; default ``EXCLUSIVE_JOBS["TTL"]``),
     ``min_hold`` (keep the lock closed until this long after the start, for jobs
@@ -269,7 +272,7 @@ def _sync_wrapper(job: Job) -> Callable[..., Any]:
     @functools.wraps(job.func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         run = Run(job)
-        result = run.call(lambda lock: job.func(*args, **_with_slot(job, run, kwargs)))
+        result = run.call(lambda lock: job.func(*args, **_given(job, run, lock, kwargs)))
         if result.status == RunStatus.SKIPPED:
             return _after_skip(job, result)
         return _returned(result)
@@ -281,7 +284,7 @@ def _async_wrapper(job: Job) -> Callable[..., Any]:
     @functools.wraps(job.func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         run = Run(job)
-        result = await run.acall(lambda lock: job.func(*args, **_with_slot(job, run, kwargs)))
+        result = await run.acall(lambda lock: job.func(*args, **_given(job, run, lock, kwargs)))
         if result.status == RunStatus.SKIPPED:
             return _after_skip(job, result)
         return _returned(result)
@@ -289,11 +292,15 @@ def _async_wrapper(job: Job) -> Callable[..., Any]:
     return wrapper
 
 
-def _with_slot(job: Job, run: Run, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The caller's keyword arguments, plus ``slot`` if the function wants it."""
+def _given(job: Job, run: Run, lock: Lock, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The caller's keyword arguments, plus ``slot`` and ``token`` (the lock's fencing
+    token) if the function takes them and the caller did not give them."""
+    given: dict[str, Any] = {}
     if job.wants_slot and "slot" not in kwargs:
-        return {**kwargs, "slot": run.job_slot}
-    return kwargs
+        given["slot"] = run.job_slot
+    if job.wants_token and "token" not in kwargs:
+        given["token"] = lock.token
+    return {**kwargs, **given}
 
 
 def _after_skip(job: Job, result: RunResult) -> None:

@@ -102,6 +102,7 @@ class JobProcess:
         timeout: float | None = None,
         kwargs: dict[str, Any] | None = None,
         trace: dict[str, str] | None = None,
+        token: int | None = None,
     ) -> None:
         self.name = name
         self.grace = grace
@@ -113,7 +114,7 @@ class JobProcess:
         self.reader = Connection(ours.detach())
         try:
             self.child = _server.start(
-                (name, slot, deadline, margin, timeout, kwargs or {}, trace or {}),
+                (name, slot, deadline, margin, timeout, kwargs or {}, trace or {}, token),
                 theirs.fileno(),
             )
         except BaseException:
@@ -207,12 +208,14 @@ def main(
     timeout: float | None,
     kwargs: dict[str, Any],
     trace: dict[str, str],
+    token: int | None = None,
     *,
     report: Connection,
     setup_failure: str = "",
 ) -> None:
     """The child: run job ``name`` for ``slot`` with the run's ``kwargs`` (those its
-    history row records: a request's over the declared ones) and report how it went."""
+    history row records: a request's over the declared ones) and its fencing ``token``,
+    and report how it went."""
     os.setsid()  # its own process group: a stop reaches the job's own children too
     timeout_at = None if timeout is None else time.monotonic() + timeout
     guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at))
@@ -232,7 +235,7 @@ def main(
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
         with stop_on_signals(), _traced(trace):
-            value = job.with_arguments(kwargs).call(slot)
+            value = job.with_arguments(kwargs).call(slot, token)
         enqueued = value if isinstance(value, Enqueued) else None
         report.send({"finished": True, "enqueued": enqueued, "ended": time.monotonic()})
     except Interrupted as exc:

@@ -132,11 +132,19 @@ class Job:
         """When ``slot`` starts: the slot, plus this job's jitter offset for it."""
         return slot + jitters.offset(self.name, slot, self.jitter)
 
-    def call(self, slot: dt.datetime | None) -> Any:
-        """Run the function as a scheduled start does: with its ``kwargs`` and ``slot``."""
+    @property
+    def wants_token(self) -> bool:
+        """The function takes a ``token`` argument: it is given its lock's fencing token."""
+        return "token" in inspect.signature(self.func).parameters
+
+    def call(self, slot: dt.datetime | None, token: int | None = None) -> Any:
+        """Run the function as a scheduled start does: with its ``kwargs``, ``slot`` and
+        ``token`` (the run's fencing token), the last two if it takes them."""
         kwargs = copy.deepcopy(self.kwargs)  # a run that changes them changes no other run
         if self.wants_slot:
             kwargs["slot"] = slot
+        if self.wants_token:
+            kwargs["token"] = token
         if self.is_async:
             from asgiref.sync import async_to_sync
 

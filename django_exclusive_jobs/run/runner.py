@@ -239,7 +239,10 @@ class Run:
             self._may_start(started)
             with self._stoppable(started), self._time_limit():
                 target = target or self.target
-                result.value = target(started) if target else self.job.call(self.job_slot)
+                if target:
+                    result.value = target(started)
+                else:
+                    result.value = self.job.call(self.job_slot, started.token)
                 self.returned = True  # a timeout that fires from now on is too late
         result = self.finish(result)
         stopped = (RunStatus.INTERRUPTED, RunStatus.CANCELLED)
@@ -289,6 +292,7 @@ class Run:
                 timeout=self.job.time_limit,
                 kwargs=self.job.kwargs,
                 trace=trace_context(lock),
+                token=lock.token,
             )
             # Each renewal reaches the child's guard, which stops the job by itself when
             # none comes in time.

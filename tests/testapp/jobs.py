@@ -308,3 +308,12 @@ if os.environ.get("OBSERVED"):
 
         prefixes = ("django_exclusive_jobs.integrations", "opentelemetry", "sentry_sdk")
         mark(" ".join(sorted(m for m in sys.modules if m.startswith(prefixes))) or "none")
+
+
+# --- the fencing token (tests/test_arguments.py) ----------------------------------------
+
+
+@exclusive_job("fenced", every="1h")
+def fenced(slot: object, token: int) -> None:
+    """Marks the fencing token it was given, for a write that must refuse a stale holder."""
+    mark(f"fenced {token}")
