@@ -346,3 +346,34 @@ def test_kill_9_during_a_cancelled_run_doubles_no_slot(
     assert {row.status for row in rows[1:]} <= {"succeeded", "missed", "skipped"}
     assert all(count == 1 for count in executions(marker, "superseded-start").values())
     assert not RunRequest.objects.using(alias).pending().exists()
+
+
+def test_a_short_run_whose_end_was_written_late_did_not_overrun(alias: str) -> None:
+    """The end of a run is written after its lock's release, so a slow database can
+    write it long after the job ended: what says whether it overran its interval is its
+    duration, not when its end was written. (The protocol's model found it: the next
+    slot was recorded skipped and not run.)"""
+    from django_exclusive_jobs.lock.clock import database_now
+
+    ran: list[str] = []
+
+    @exclusive_job("late_end", every="1h", using=alias)
+    def late_end() -> None:
+        ran.append("ran")
+
+    now = database_now(alias)
+    current = EVERY_HOUR.slot_at(now)
+    previous = current - HOUR
+    JobRun.objects.using(alias).create(
+        name="late_end",
+        slot=previous,
+        status="succeeded",
+        token=1,
+        started_at=previous,
+        duration=1.0,
+        finished_at=current + dt.timedelta(minutes=5),  # written late, after the slot
+    )
+    late_end()
+    assert ran == ["ran"]
+    statuses = dict(JobRun.objects.using(alias).values_list("slot", "status"))
+    assert statuses == {previous: "succeeded", current: "succeeded"}

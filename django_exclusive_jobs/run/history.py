@@ -177,13 +177,17 @@ def claim(
 
 
 def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:
-    """When ``run`` started and ended, if it ran and recorded its own end (a run closed
-    as abandoned by a later holder has no known end: its server died)."""
+    """When ``run`` started and when its job ended (``started_at + duration``), if it ran
+    and recorded its own end (a run closed as abandoned by a later holder has no known
+    end: its server died). Not ``finished_at``: that is when the end was written, after
+    the lock's release, and a write delayed by a slow database would make a short run
+    look as if it overran its interval, and the next slot be skipped (found by the
+    protocol's model, docs/model.md)."""
     if run is None or run.status in (RunStatus.RUNNING, *RunStatus.not_runs()):
         return None
     if run.duration is None or run.finished_at is None:
         return None
-    return run.started_at, run.finished_at
+    return run.started_at, run.started_at + dt.timedelta(seconds=run.duration)
 
 
 def _record_skipped(

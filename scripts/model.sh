@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Model-check the lock and slot protocol (tests/model/protocol.pml) with spin.
+#
+#   bash scripts/model.sh            every check below
+#   bash scripts/model.sh races      only the checks named (see CHECKS)
+#
+# Each check generates pan with `spin -a`, compiles it with gcc and runs it, in a
+# temporary directory (never in the repository), and prints one line: states, depth,
+# memory, time and errors. A "holds" check fails unless spin explores every state
+# (no bitstate) and finds no error; a "refuted" check (a mutant of the protocol, or a
+# known gap) fails unless spin finds a counterexample, which is printed as a trail:
+# which server sent which statement at which tick of the database clock.
+# Exit status: 0 when every check went as expected, 1 otherwise, 2 without spin/gcc.
+# docs/model.md explains the model, the properties and the figures.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+MODEL="$ROOT/tests/model/protocol.pml"
+
+# name | expected | spin -D options
+CHECKS=(
+    "races|holds|-DNS=3 -DNJ=2 -DSTARTS=1 -DFAULTS=0 -DFORCE=0"
+    "faults|holds|-DNS=3 -DNJ=1 -DSTARTS=1 -DFAULTS=1 -DFORCE=1"
+    "restarts|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0"
+    "take-ignores-expiry|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_TAKE_IGNORES_EXPIRY"
+    "release-not-holder-checked|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_RELEASE_NOT_HOLDER_CHECKED"
+    "claim-not-unique|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_CLAIM_NOT_UNIQUE"
+    "no-watchdog|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_NO_WATCHDOG"
+    "first-run-gap|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DSTRICT_D"
+)
+
+for tool in spin gcc; do
+    if ! command -v "$tool" >/dev/null; then
+        echo "model.sh: $tool is not installed (Debian: apt-get install spin gcc)" >&2
+        exit 2
+    fi
+done
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/exclusive-jobs-model.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+wanted=("$@")
+selected() {
+    [ ${#wanted[@]} -eq 0 ] && return 0
+    local name
+    for name in "${wanted[@]}"; do [ "$name" = "$1" ] && return 0; done
+    return 1
+}
+
+value() { # value SED-REGEX FILE: what the regex's group matches on its first line
+    sed -nE "s/$1/\\1/p" "$2" | head -1
+}
+
+failed=0
+ran=0
+for check in "${CHECKS[@]}"; do
+    IFS='|' read -r name expected defines <<<"$check"
+    selected "$name" || continue
+    ran=$((ran + 1))
+    dir="$WORK/$name"
+    mkdir -p "$dir"
+    cp "$MODEL" "$dir/protocol.pml"
+    # shellcheck disable=SC2086  # the -D options are words
+    (cd "$dir" && spin -a $defines protocol.pml >spin.out 2>&1) || {
+        echo "$name: spin -a failed:"; cat "$dir/spin.out"; failed=1; continue
+    }
+    if [ "$expected" = holds ]; then
+        search="-DCOLLAPSE"  # exhaustive, states stored compressed (no bitstate)
+    else
+        search="-DBFS"  # breadth first: the shortest counterexample
+    fi
+    (cd "$dir" && gcc -O2 -w -DSAFETY $search -DMEMLIM=2048 -o pan pan.c) || {
+        echo "$name: gcc failed"; failed=1; continue
+    }
+    (cd "$dir" && ./pan -m500000 -n >pan.out 2>&1) || true
+    out="$dir/pan.out"
+    errors="$(value '.*errors: ([0-9]+).*' "$out")"
+    states="$(value '^ *([0-9.e+]+) states, stored.*' "$out")"
+    depth="$(value '.*depth reached ([0-9]+).*' "$out")"
+    memory="$(value '^ *([0-9.]+)[[:space:]]+total actual memory usage.*' "$out")"
+    seconds="$(value '^pan: elapsed time ([0-9.e+]+) seconds.*' "$out")"
+    printf '%s (%s): %s errors, %s states, depth %s, %s MB, %s s  [%s]\n' \
+        "$name" "$expected" "${errors:-?}" "${states:-?}" "${depth:-?}" "${memory:-?}" \
+        "${seconds:-?}" "$defines"
+    if [ "$expected" = holds ]; then
+        if [ "${errors:-1}" != 0 ] || grep -q "Search not completed" "$out"; then
+            echo "$name: FAILED: the model must hold, exhaustively"
+            grep -E "assertion violated|invalid end state|Search not completed|MEMLIM" "$out" || true
+            if [ -f "$dir/protocol.pml.trail" ]; then
+                # shellcheck disable=SC2086
+                (cd "$dir" && spin -t $defines protocol.pml) | grep "MSC:" | sed -E 's/^ *MSC: //'
+            fi
+            failed=1
+        fi
+    else
+        if [ "${errors:-0}" = 0 ] || [ ! -f "$dir/protocol.pml.trail" ]; then
+            echo "$name: FAILED: spin found no counterexample"
+            failed=1
+        else
+            echo "  counterexample (t = the database clock; S0..S2 the servers):"
+            # shellcheck disable=SC2086
+            (cd "$dir" && spin -t $defines protocol.pml) | grep "MSC:" \
+                | sed -E 's/^ *MSC: //; s/^/    /'
+        fi
+    fi
+done
+
+if [ "$ran" -eq 0 ]; then
+    echo "model.sh: no check named ${wanted[*]}" >&2
+    exit 1
+fi
+exit "$failed"

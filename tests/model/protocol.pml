@@ -1,0 +1,630 @@
+/*
+ * The lock and slot protocol of django-exclusive-jobs, as a Promela model for spin.
+ *
+ * Checked by scripts/model.sh (and tests/test_model.py); explained in docs/model.md.
+ *
+ * What runs here: NS servers (up to 3), each firing triggers (a cron line, the
+ * scheduler) for NJ jobs (up to 2), each with slots 0..NK-1 (P ticks apart). For each
+ * start a server does what Run.start, Run.call and Run.finish do (runner.py): take the
+ * job's lease (sql.py "take"), claim the slot (history.py claim: look, record missed
+ * and skipped slots, insert the run row), run the job (which may write once to a fenced
+ * resource), release (sql.py "release") and record the end (history.py record_end).
+ * Each server has a keep-alive thread (keepalive.py: renew, and a watchdog that gives
+ * the lock up shortly before the lease could end when no renewal got through). A
+ * nemesis crashes or pauses holders (a crashed server never acts again and its lease
+ * runs out; a paused one resumes later, still believing what it believed), and an
+ * operator force-releases a lock (models.py JobLockQuerySet.force_release).
+ *
+ * One database clock, `dbnow`, advances by ticks (the Clock process). Every lease is
+ * written and compared on it, as every statement in sql.py does. Every atomic step
+ * below is ONE SQL statement (its comment names it and its WHERE clause) or ONE local
+ * decision of a process (its comment names the function).
+ *
+ * Properties (assertions, checked in every reachable state; see CHECK and PROP):
+ *  (a) for each job, at most one holder whose lease is valid: the expiry the database
+ *      returned to it (take, renew) not yet reached on the database clock, and not
+ *      revoked by its own release or an operator's force-release. Crashed and paused
+ *      holders count too: the database's promise does not depend on them.
+ *  (b) the fenced resource refuses a write whose token is below the highest it has
+ *      seen, and keeps the highest: accepted writes never go down; and every take gets
+ *      a token no other holder of the job has, so two servers' writes never interleave
+ *      out of order.
+ *  (c) each (job, slot) starts its job at most once.
+ *  (d) every slot a claim passed (between the newest row it found and the slot it
+ *      claims) has a row once that claim went through (run, missed or skipped): never
+ *      silently dropped. -DSTRICT_D checks the stronger reading of docs/guarantees.md
+ *      (no slot without a row between the job's first row and a slot passed); spin
+ *      refutes it: see "first-run gap" in docs/model.md.
+ *  (f) keep-alive's watchdog: a holder neither paused nor force-released since its
+ *      take, and not yet told the lock is lost, holds a valid lease. (A paused one may
+ *      not: that is what fencing is for.)
+ *  (e) no invalid end state (deadlock): spin's own check.
+ *
+ * What the model abstracts away (read this before trusting it further than it goes):
+ *  - One clock: the database's. The client's estimate of it (the monotonic deadline,
+ *    `started + ttl`, lock.py) is exact here: each statement is sent and runs at one
+ *    tick, so network delay and the drift of app servers' clocks are not modelled,
+ *    nor SLOT_TOLERANCE and the scheduler's `not_before`: a start serves
+ *    slot_at(acquired_at). A renewal runs in one step (no renewal still on its way
+ *    when the watchdog gives up).
+ *  - Time is whole ticks: a lease of TTL = 2 ticks, a watchdog margin of 1 tick, slots
+ *    P = 1 tick apart, the clock stops at MAXT. Real margins are ttl/20 and renewals
+ *    come every ttl/3; only the order of these moments matters here.
+ *  - min_hold = 0 (a release ends the lease at once): scheduled jobs rely on slots.
+ *    catch_up="latest" and overlap="skip" only: no retries (attempt is always 1), no
+ *    other catch_up or overlap policy, no run now, backfill, operator pause,
+ *    override, jitter or overlap="allow_all" (slot locks).
+ *  - close_abandoned (an older token's running row marked lost) is left out: the plan
+ *    reads a running row and a lost row with no end alike. So is the read after a
+ *    take that did not win (it names the holder for the log line), and the
+ *    get_or_create of a row never prepared (prepare_locks makes each job's row ahead).
+ *  - Database errors other than a renewal that gets no answer are not modelled
+ *    (dropped connections and their retries, busy timeouts), nor a database that loses
+ *    committed writes, whose clock jumps, or whose rows are deleted by hand.
+ *  - The job is a child program: told to stop when the lock is lost, it may still make
+ *    its one write before it stops (SIGTERM, then --grace). ensure_held() (sql.py
+ *    "check") is not modelled: it is the same kind of look-then-act as Run._may_start.
+ *  - Bounds: see below and scripts/model.sh, which checks several bounds: 3 servers
+ *    and 2 jobs without faults; 3 servers, 1 job, a crash or a pause and a
+ *    force-release; 2 servers starting twice each with a fault.
+ *
+ * Mutants (spin -DMUTANT_...; scripts/model.sh requires a counterexample for each):
+ *  MUTANT_TAKE_IGNORES_EXPIRY         the take without "AND (expires_at IS NULL OR
+ *                                     expires_at <= now)": refuted by (a)
+ *  MUTANT_RELEASE_NOT_HOLDER_CHECKED  the release without "AND token = %s AND
+ *                                     released_at IS NULL": refuted by (a)
+ *  MUTANT_CLAIM_NOT_UNIQUE            JobRun without its unique (name, slot, attempt):
+ *                                     the insert always inserts: refuted by (c)
+ *  MUTANT_NO_WATCHDOG                 keep-alive without its watchdog: renewals that
+ *                                     get no answer leave the job running past its
+ *                                     lease: refuted by (f)
+ */
+
+/* ---- bounds ---------------------------------------------------------------------- */
+#ifndef NS
+#define NS 3            /* servers (1 to 3) */
+#endif
+#ifndef NJ
+#define NJ 2            /* jobs (1 or 2) */
+#endif
+#ifndef NK
+#define NK 3            /* slots per job: slot k begins at tick k*P */
+#endif
+#ifndef P
+#define P 1             /* ticks per slot (the job's interval) */
+#endif
+#ifndef TTL
+#define TTL 2           /* ticks of lease */
+#endif
+#define MARGIN 1        /* watchdog_margin(ttl): give up this long before the deadline */
+#ifndef MAXT
+#define MAXT (NK*P + 1) /* the clock stops here */
+#endif
+#ifndef STARTS
+#define STARTS 1        /* starts (triggers: cron line, scheduler) per server */
+#endif
+#ifndef FAULTS
+#define FAULTS 1        /* crashes and pauses, in all */
+#endif
+#ifndef FORCE
+#define FORCE 1         /* operator force-releases, in all */
+#endif
+
+#define NOBODY 255
+/* A JobRun row's status, as the claim reads it (status.py) */
+#define NONE 0          /* no row */
+#define RUNNING 1       /* running, or lost with no known end */
+#define ENDED 2         /* ended and recorded its end: succeeded, failed, lost by itself */
+#define MISSED 3
+#define SKIPPED 4
+
+/* A time at or before dbnow is stored as 0: every comparison the protocol makes with it
+   (expires_at <= now, expires_at > now, now >= deadline) gives the same answer from now
+   on, since the clock only moves forward. One past time instead of many keeps the state
+   space small. */
+#define PAST(x) if :: (x) <= dbnow -> x = 0 :: else fi
+
+/* ---- the database ------------------------------------------------------------------ */
+byte dbnow;                    /* the database's clock: STATEMENT_TIMESTAMP() */
+/* JobLock, one row per job, made free ahead by prepare_locks (token 0, expires_at NULL,
+   which the take treats as a lease that is over: 0 here) */
+byte ltoken[NJ];
+byte lexpires[NJ];
+bit lreleased[NJ];
+/* JobRun, unique (name, slot, attempt); attempt is always 1 here */
+byte rstatus[NJ*NK];
+/* what history.py _ran and catchup._overran read from an ENDED row (started_at,
+   finished_at): the slots that began during its run if it lasted its interval or more,
+   as a bit mask (bit k: slot k), else 0 */
+byte rduring[NJ*NK];
+/* the fenced resource, one per job: it keeps the highest token it has seen */
+byte fence[NJ];
+
+/* ---- each server's lock, as its process and keep-alive thread see it ---------------- */
+byte job[NS];                  /* the job of its current lock */
+byte token[NS];                /* lock.token */
+byte deadline[NS];             /* lock._deadline: when the lease may end, locally */
+bit holding[NS];               /* from a won take to its release */
+bit lost[NS];                  /* lock.lost_reason set (lock_lost sent, job told to stop) */
+bit paused[NS];                /* SIGSTOP: the process does nothing until resumed */
+bit crashed[NS];               /* kill -9: never acts again */
+
+/* ---- ghosts: what the properties are judged by (no code has them) ------------------- */
+byte lease[NS];                /* expiry the database last granted this server's token */
+bit pausedsince[NS];           /* paused since its take */
+bit revoked[NS];               /* force-released since its take */
+byte starts[NJ*NK];            /* how many times each (job, slot) started its job */
+#ifdef STRICT_D
+byte passed[NJ];               /* slots below this were passed by a claim that went through */
+#endif
+byte owed[NJ];                 /* (d): bit k: a claim passed slot k after a row before it */
+byte fired;                    /* how many servers have fired a first trigger (symmetry) */
+byte faults = FAULTS;
+byte forces = FORCE;
+
+#define ROW(j, k) rstatus[(j)*NK + (k)]
+/* The claim went through: what it passed is owed a row (d) */
+#ifdef STRICT_D
+#define PASS() owed[j] = owed[j] | owe; owe = 0; if :: passed[j] < cur -> passed[j] = cur :: else fi
+#else
+#define PASS() owed[j] = owed[j] | owe; owe = 0
+#endif
+#define ACTIVE(me) (!paused[me])
+#define VALID(s) (lease[s] > dbnow)
+
+/* The invariants (a), (d) and (f), asserted after every step that can change them
+   (written out for each server, job and slot: one expression is one step for pan). */
+#if NS == 1
+#define FORALL_S(F, x) (F(0, x))
+#define COUNT_S(F, x) (F(0, x))
+#elif NS == 2
+#define FORALL_S(F, x) (F(0, x) && F(1, x))
+#define COUNT_S(F, x) (F(0, x) + F(1, x))
+#else
+#define FORALL_S(F, x) (F(0, x) && F(1, x) && F(2, x))
+#define COUNT_S(F, x) (F(0, x) + F(1, x) + F(2, x))
+#endif
+#if NJ == 1
+#define FORALL_J(F) (F(0))
+#else
+#define FORALL_J(F) (F(0) && F(1))
+#endif
+#if NK == 2
+#define FORALL_K(F, j) (F(j, 0) && F(j, 1))
+#else
+#define FORALL_K(F, j) (F(j, 0) && F(j, 1) && F(j, 2))
+#endif
+
+/* (a) for job j, at most one server holding it with a valid lease */
+#define HOLDS_VALID(s, j) (holding[s] && job[s] == (j) && VALID(s))
+#define ONE_VALID(j) (COUNT_S(HOLDS_VALID, j) <= 1)
+/* (d) every slot a claim passed after a row before it (owed) has a row */
+#define PAID(j, k) (!(owed[j] & (1 << (k))) || ROW(j, k) != NONE)
+#define ALL_PAID(j) FORALL_K(PAID, j)
+/* (d, strict: -DSTRICT_D) no slot below passed[j] without a row after the job's first
+   row (NK = 3: slot 1 is the only one that can be between) */
+#ifdef STRICT_D
+#define NO_GAP(j) (!(passed[j] > 1 && ROW(j, 0) != NONE && ROW(j, 1) == NONE))
+#else
+#define NO_GAP(j) 1
+#endif
+/* (b) every take gets a token of its own: no other holder of job j has this one */
+#define OWN_TOKEN(s, me) ((s) == (me) || !holding[s] || job[s] != j || token[s] != token[me])
+/* (f) the watchdog: a holder neither paused nor force-released since its take, and
+   not yet told the lock is lost, has a valid lease */
+#define WATCHED(s, x) (!(holding[s] && !crashed[s] && !lost[s] && !pausedsince[s] \
+                         && !revoked[s]) || VALID(s))
+
+/* An assertion that says which property it is when the trail is replayed */
+#define PROP(cond, text) if :: !(cond) -> printf(text) :: else fi; assert(cond)
+#define CHECK() \
+    PROP(FORALL_J(ONE_VALID), "MSC: VIOLATED (a): two servers hold one job with valid leases\n"); \
+    PROP(FORALL_J(ALL_PAID), "MSC: VIOLATED (d): a slot a claim passed has no row\n"); \
+    PROP(FORALL_J(NO_GAP), "MSC: VIOLATED (d, strict): a slot after the first row has no row\n"); \
+    PROP(FORALL_S(WATCHED, 0), "MSC: VIOLATED (f): a live, unpaused holder runs on past its lease\n")
+
+/* ---- the clock ------------------------------------------------------------------------ */
+/* It may not pass the moment a live holder's watchdog must act (keepalive.py
+   KeepAlive._watch wakes at deadline - margin): the watchdog is a thread that runs
+   unless its process is paused or dead. */
+#define DUE(s) (holding[s] && !lost[s] && !paused[s] && !crashed[s] \
+                && dbnow + MARGIN >= deadline[s])
+#ifdef MUTANT_NO_WATCHDOG
+#define WATCHDOG_DUE 0
+#elif NS == 1
+#define WATCHDOG_DUE DUE(0)
+#elif NS == 2
+#define WATCHDOG_DUE (DUE(0) || DUE(1))
+#else
+#define WATCHDOG_DUE (DUE(0) || DUE(1) || DUE(2))
+#endif
+
+active proctype Clock() {
+end:
+    do
+    :: atomic { dbnow < MAXT && !WATCHDOG_DUE ->
+        dbnow++;
+        printf("MSC: ---- t=%d\n", dbnow);
+        PAST(lease[0]); PAST(deadline[0]);
+#if NS > 1
+        PAST(lease[1]); PAST(deadline[1]);
+#endif
+#if NS > 2
+        PAST(lease[2]); PAST(deadline[2]);
+#endif
+        PAST(lexpires[0]);
+#if NJ > 1
+        PAST(lexpires[1]);
+#endif
+        CHECK() }
+    od
+}
+
+/* ---- the statements a server sends ------------------------------------------------------ */
+
+/* sql.py "take": UPDATE joblock SET token = token + 1, host = me, acquired_at = now,
+   expires_at = now + ttl, released_at = NULL
+   WHERE name = j AND (expires_at IS NULL OR expires_at <= now)
+   A row back: won, leave the triggers' loop (break); else skipped (held by another;
+   the read that names the holder only informs the log line). */
+inline TAKE() {
+    if :: left == STARTS -> fired++ :: else fi;
+    left--;
+#ifdef MUTANT_TAKE_IGNORES_EXPIRY
+    if :: true ->
+#else
+    if :: lexpires[j] <= dbnow ->
+#endif
+        ltoken[j]++; lexpires[j] = dbnow + TTL; lreleased[j] = 0;
+        job[me] = j; token[me] = ltoken[j]; deadline[me] = dbnow + TTL;
+        holding[me] = 1; lease[me] = dbnow + TTL;
+        cur = dbnow / P;
+        /* (b) every take gets a token of its own: no other server has this one */
+        PROP(FORALL_S(OWN_TOKEN, me), "MSC: VIOLATED (b): two holders with one token\n");
+        printf("MSC: t=%d S%d take job%d: won, token %d, lease to t=%d, slot %d\n",
+               dbnow, me, j, token[me], dbnow + TTL, cur);
+        CHECK();
+        break
+    :: else ->
+        printf("MSC: t=%d S%d take job%d: held (token %d, lease to t=%d): skip\n",
+               dbnow, me, j, ltoken[j], lexpires[j]);
+        j = 0
+    fi
+}
+
+/* sql.py "release": UPDATE joblock SET released_at = now,
+   expires_at = GREATEST(now, acquired_at + min_hold)      (min_hold = 0 here)
+   WHERE name = j AND token = mine AND released_at IS NULL
+   A release that finds the lock no longer ours changes nothing (lock.release, and
+   _release_after_loss once the lock was found lost: the statement is the same).
+   Then the Lock is done with: what this server believed about it is forgotten. */
+inline RELEASE() {
+#ifdef MUTANT_RELEASE_NOT_HOLDER_CHECKED
+    if :: true ->
+#else
+    if :: ltoken[j] == token[me] && !lreleased[j] ->
+#endif
+        lreleased[j] = 1; lexpires[j] = 0 /* = now: PAST */;
+        printf("MSC: t=%d S%d release job%d token %d: freed\n", dbnow, me, j, token[me])
+    :: else ->
+        printf("MSC: t=%d S%d release job%d token %d: not ours any more: nothing changed\n",
+               dbnow, me, j, token[me])
+    fi;
+    holding[me] = 0; lease[me] = 0; lost[me] = 0; deadline[me] = 0; token[me] = 0;
+    job[me] = 0; pausedsince[me] = 0; revoked[me] = 0;
+    CHECK()
+}
+
+/* Symmetry: servers are alike, and so are jobs; every run of the model is a run in
+   which server 0 fires first, then server 1, then server 2, and job 0 is taken before
+   job 1 is ever tried, once servers and jobs are renamed in that order. Only those
+   runs are explored (the properties do not depend on the names). */
+#define FIRST_IN_TURN (left < STARTS || fired == me)
+
+/* ---- one server: its triggers, and Run.start / call / finish (runner.py) ------------ */
+proctype Server(byte me) {
+    byte left = STARTS;      /* triggers this server may still fire */
+    byte j;                  /* the job this start is for */
+    byte cur;                /* the slot it serves: slot_at(lock.acquired_at) */
+    byte latest;             /* history.py claim: the newest slot <= cur with a row */
+    byte missed, skipped;    /* catchup.plan: bit k = slot k */
+    byte owe;                /* (d): the slots this claim passes, owed a row once it is through */
+    bit runs;                /* catchup.plan: plan.run == cur */
+    byte began;              /* the run row's started_at */
+    bit wrote;
+    byte k;
+{
+endidle:
+    do
+    /* a trigger fires job j now (a local decision), and Run.start sends the take */
+    :: atomic { ACTIVE(me) && dbnow < NK*P && left > 0 && FIRST_IN_TURN -> j = 0; TAKE() }
+#if NJ > 1
+    :: atomic { ACTIVE(me) && dbnow < NK*P && left > 0 && FIRST_IN_TURN && ltoken[0] > 0 ->
+        j = 1; TAKE() }
+#endif
+    od;
+
+    /* runner.py Run._claim: `if not lock.held` (local: lost, or the local deadline has
+       passed) -> skipped, nothing claimed */
+    atomic { ACTIVE(me) ->
+        if :: lost[me] || dbnow >= deadline[me] ->
+              printf("MSC: t=%d S%d _claim: lock.held is false: skip\n", dbnow, me);
+              goto release
+           :: else fi }
+
+    /* history.py claim: SELECT ... FROM jobrun WHERE name = j AND slot <= cur
+       ORDER BY slot DESC, attempt DESC LIMIT 1; then catchup.plan (catch_up="latest",
+       overlap="skip") decides locally what is missed, skipped and run */
+    atomic { ACTIVE(me) ->
+        latest = NOBODY; k = cur + 1;
+        do
+        :: k > 0 && latest == NOBODY -> k--; if :: ROW(j, k) != NONE -> latest = k :: else fi
+        :: else -> break
+        od;
+        if
+        :: latest == cur ->
+            /* _again: the slot has a row: Claim(that run): not ours -> skipped */
+            printf("MSC: t=%d S%d claim job%d slot %d: has a row already (status %d): skip\n",
+                   dbnow, me, j, cur, ROW(j, cur));
+            PASS();
+            latest = 0; k = 0;
+            CHECK();
+            goto release
+        :: latest == NOBODY ->
+            runs = 1    /* the job's first run: nothing before it to account for */
+        :: else ->
+            k = latest + 1;
+            do
+            :: k <= cur ->
+                if
+                :: rduring[j*NK + latest] & (1 << k) ->
+                    skipped = skipped | (1 << k)   /* came during the run: overlap's */
+                :: else ->
+                    if :: k == cur -> runs = 1
+                       :: else -> missed = missed | (1 << k) fi
+                fi;
+                k++
+            :: else -> break
+            od
+        fi;
+        owe = (missed | skipped) & ((1 << cur) - 1);
+        if
+        :: latest == NOBODY ->
+            printf("MSC: t=%d S%d claim job%d slot %d: no row at or before it: first run\n",
+                   dbnow, me, j, cur)
+        :: else ->
+            printf("MSC: t=%d S%d claim job%d slot %d: newest row: slot %d; to record missed %d, skipped %d (bit masks); run %d\n",
+                   dbnow, me, j, cur, latest, missed, skipped, runs)
+        fi;
+        latest = 0; k = 0 }
+
+    /* history.py record_missed -> _record_slots: bulk_create(rows, ignore_conflicts=True):
+       INSERT INTO jobrun ... status missed ... ON CONFLICT DO NOTHING (only when any) */
+    if
+    :: missed != 0 ->
+        atomic { ACTIVE(me) ->
+            k = 0;
+            do
+            :: k < NK -> if :: (missed & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = MISSED
+                            :: else fi; k++
+            :: else -> break
+            od;
+            printf("MSC: t=%d S%d record_missed job%d slots %d (bit mask)\n", dbnow, me, j, missed);
+            k = 0; missed = 0;
+            if :: !runs && skipped == 0 -> PASS() :: else fi;
+            CHECK() }
+    :: else
+    fi;
+
+    /* history.py _record_skipped -> _record_slots: the same INSERT, status skipped */
+    if
+    :: skipped != 0 ->
+        atomic { ACTIVE(me) ->
+            k = 0;
+            do
+            :: k < NK -> if :: (skipped & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = SKIPPED
+                            :: else fi; k++
+            :: else -> break
+            od;
+            printf("MSC: t=%d S%d record_skipped job%d slots %d (bit mask)\n", dbnow, me, j, skipped);
+            k = 0; skipped = 0;
+            if :: !runs -> PASS() :: else fi;
+            CHECK() }
+    :: else
+    fi;
+
+    if
+    :: !runs -> goto release   /* Claim(None): nothing runs now -> skipped */
+    :: else
+    fi;
+
+    /* history.py _insert: runs.create(name=j, slot=cur, attempt=1, token=mine,
+       started_at=now): INSERT INTO jobrun ...; the unique (name, slot, attempt) refuses
+       a second row, and the IntegrityError returns the row found: not ours (is_ours)
+       -> skipped */
+    atomic { ACTIVE(me) ->
+        runs = 0;
+        PASS();
+#ifdef MUTANT_CLAIM_NOT_UNIQUE
+        if :: true ->
+#else
+        if :: ROW(j, cur) == NONE ->
+#endif
+            ROW(j, cur) = RUNNING; began = dbnow;
+            printf("MSC: t=%d S%d insert run job%d slot %d: ours\n", dbnow, me, j, cur);
+            CHECK()
+        :: else ->
+            printf("MSC: t=%d S%d insert run job%d slot %d: unique violation, the row is not ours: skip\n",
+                   dbnow, me, j, cur);
+            CHECK();
+            goto release
+        fi }
+
+    /* runner.py Run._may_start: `if not lock.held: raise LockLost` (local) */
+    atomic { ACTIVE(me) ->
+        if
+        :: lost[me] || dbnow >= deadline[me] ->
+            printf("MSC: t=%d S%d _may_start: lock.held is false: LockLost, job not started\n",
+                   dbnow, me);
+            goto finish
+        :: else ->
+            starts[j*NK + cur]++;
+            printf("MSC: t=%d S%d STARTS job%d slot %d (token %d)\n", dbnow, me, j, cur, token[me]);
+            PROP(starts[j*NK + cur] <= 1, "MSC: VIOLATED (c): a slot started twice\n")
+        fi }
+
+    /* the job's code: at most one write through the fenced resource, then it returns
+       (or stops, once told the lock is lost: lock_lost) */
+    do
+    /* UPDATE resource SET ..., fence = mine WHERE fence <= mine */
+    :: atomic { ACTIVE(me) && !wrote ->
+        wrote = 1;
+        if
+        :: token[me] >= fence[j] ->
+            /* (b) accepted writes never go down: the resource keeps the max */
+            PROP(token[me] >= fence[j], "MSC: VIOLATED (b): an accepted write went down\n");
+            fence[j] = token[me];
+            printf("MSC: t=%d S%d fenced write job%d token %d: accepted\n", dbnow, me, j, token[me])
+        :: else ->
+            printf("MSC: t=%d S%d fenced write job%d token %d: refused (the resource saw %d)\n",
+                   dbnow, me, j, token[me], fence[j]);
+            PROP(token[me] < fence[j], "MSC: VIOLATED (b): a write was refused with a token not older\n")
+        fi }
+    /* the job returns; runner.py Run._finish: lock.stop_keepalive(), then
+       lock.release() (the job's return is invisible to the others: one step) */
+    :: atomic { ACTIVE(me) -> wrote = 0; RELEASE(); break }
+    od;
+    goto record;
+
+finish:
+    /* runner.py Run._finish after LockLost: lock.stop_keepalive(), lock.release() */
+    atomic { ACTIVE(me) -> RELEASE() }
+record:
+    /* history.py record_end: UPDATE jobrun SET status = .., finished_at = now, duration
+       WHERE id = ours AND token = mine */
+    atomic { ACTIVE(me) ->
+        ROW(j, cur) = ENDED;
+        /* catchup._overran: lasted its interval or more; then the slots that began in
+           (started_at, finished_at] came during it (catchup.plan, overlap="skip") */
+        if
+        :: dbnow - began >= P ->
+            k = cur + 1;
+            do
+            :: k < NK && k*P <= dbnow -> rduring[j*NK + cur] = rduring[j*NK + cur] | (1 << k); k++
+            :: else -> break
+            od
+        :: else
+        fi;
+        printf("MSC: t=%d S%d record_end job%d slot %d\n", dbnow, me, j, cur);
+        CHECK();
+        j = 0; cur = 0; began = 0; k = 0;
+        goto endidle }
+
+release:
+    /* runner.py Run.start: skipped after the take -> lock.release() */
+    atomic { ACTIVE(me) -> RELEASE(); j = 0; cur = 0; goto endidle }
+} unless { crashed[me] }
+}
+
+/* ---- keep-alive: the renewing thread and its watchdog (keepalive.py) ------------------ */
+proctype KeepAlive(byte me) {
+{
+end:
+    do
+    /* KeepAlive.run, every ttl/3: lock.renew() sends sql.py "renew":
+       UPDATE joblock SET expires_at = now + ttl
+       WHERE name = j AND token = mine AND released_at IS NULL AND expires_at > now
+       RETURNING expires_at. A row back: the local deadline moves to now + ttl; none
+       back: LockLost (lock.renew -> _lose) */
+    :: atomic { ACTIVE(me) && holding[me] && !lost[me] ->
+        if
+        :: ltoken[job[me]] == token[me] && !lreleased[job[me]] && lexpires[job[me]] > dbnow ->
+            lexpires[job[me]] = dbnow + TTL; lease[me] = dbnow + TTL;
+            deadline[me] = dbnow + TTL;
+            printf("MSC: t=%d S%d renew job%d token %d: lease to t=%d\n",
+                   dbnow, me, job[me], token[me], dbnow + TTL)
+        :: else ->
+            printf("MSC: t=%d S%d renew job%d token %d: no row back: LockLost\n",
+                   dbnow, me, job[me], token[me]);
+            lost[me] = 1
+        fi;
+        CHECK() }
+    /* the renewal gets no answer (the database does not answer): _renew_until_deadline
+       marks the lock lost once the local deadline has passed (_lease_slipped), else it
+       tries again later */
+    :: atomic { ACTIVE(me) && holding[me] && !lost[me] && dbnow >= deadline[me] ->
+        lost[me] = 1;
+        printf("MSC: t=%d S%d renew job%d: no answer from the database, lease slipped: lock lost\n",
+               dbnow, me, job[me]);
+        CHECK() }
+#ifndef MUTANT_NO_WATCHDOG
+    /* KeepAlive._watch / _give_up: deadline - margin has come and no renewal moved the
+       deadline: the lock is marked lost (lock_lost: the job is told to stop) */
+    :: atomic { ACTIVE(me) && holding[me] && !lost[me] && dbnow + MARGIN >= deadline[me] ->
+        lost[me] = 1;
+        printf("MSC: t=%d S%d watchdog job%d token %d: no renewal got through: lock lost\n",
+               dbnow, me, job[me], token[me]);
+        CHECK() }
+#endif
+    od
+} unless { crashed[me] }
+}
+
+/* ---- faults: a crash (kill -9) or a pause (SIGSTOP, then SIGCONT) of a holder ---------- */
+#define CRASH(s) :: atomic { faults > 0 && holding[s] && !crashed[s] -> \
+        faults--; crashed[s] = 1; \
+        printf("MSC: t=%d S%d CRASH (kill -9)\n", dbnow, s) }
+#define PAUSE(s) :: atomic { faults > 0 && holding[s] && !paused[s] && !crashed[s] -> \
+        faults--; paused[s] = 1; pausedsince[s] = 1; \
+        printf("MSC: t=%d S%d PAUSE (SIGSTOP)\n", dbnow, s); CHECK() }
+#define RESUME(s) :: atomic { paused[s] -> paused[s] = 0; \
+        printf("MSC: t=%d S%d RESUME (SIGCONT)\n", dbnow, s); CHECK() }
+
+active proctype Nemesis() {
+end:
+    do
+    CRASH(0) PAUSE(0) RESUME(0)
+#if NS > 1
+    CRASH(1) PAUSE(1) RESUME(1)
+#endif
+#if NS > 2
+    CRASH(2) PAUSE(2) RESUME(2)
+#endif
+    od
+}
+
+/* ---- the operator ---------------------------------------------------------------------- */
+/* models.py JobLockQuerySet.force_release: UPDATE joblock SET released_at = now,
+   expires_at = now WHERE name = j AND NOT free (free: expires_at IS NULL, or released
+   and expires_at <= now). The holder is not told: its next renew finds no row. */
+#define REVOKE(s, jj) if :: holding[s] && job[s] == (jj) && token[s] == ltoken[jj] \
+        && !lreleased[jj] -> revoked[s] = 1; lease[s] = 0 :: else fi
+#define FORCE_RELEASE(jj) :: atomic { forces > 0 && ltoken[jj] > 0 \
+        && !(lreleased[jj] && lexpires[jj] <= dbnow) -> \
+        forces--; \
+        REVOKE(0, jj); REVOKE(1 % NS, jj); REVOKE(2 % NS, jj); \
+        lreleased[jj] = 1; lexpires[jj] = 0 /* = now: PAST */; \
+        printf("MSC: t=%d OPERATOR force-release job%d (token %d)\n", dbnow, jj, ltoken[jj]); \
+        CHECK() }
+
+active proctype Operator() {
+end:
+    do
+    FORCE_RELEASE(0)
+#if NJ > 1
+    FORCE_RELEASE(1)
+#endif
+    od
+}
+
+init {
+    atomic {
+        run Server(0); run KeepAlive(0);
+#if NS > 1
+        run Server(1); run KeepAlive(1);
+#endif
+#if NS > 2
+        run Server(2); run KeepAlive(2)
+#endif
+    }
+}

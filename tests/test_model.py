@@ -1,0 +1,79 @@
+"""The protocol's Promela model (tests/model/protocol.pml), checked by spin.
+
+Each check runs ``scripts/model.sh NAME``: the model itself must hold with no error under
+every bound (an exhaustive search, no bitstate), and each mutant of the protocol (and
+the known first-run gap, docs/model.md) must be refuted with a counterexample. No
+database is used. Together they take a minute or two: marked slow.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "model.sh"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("spin") is None, reason="spin is not installed"),
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),
+]
+
+HOLDS = ["races", "faults", "restarts"]
+# Each mutant, and the property its counterexample must break.
+REFUTED = {
+    "take-ignores-expiry": "(a)",
+    "release-not-holder-checked": "(a)",
+    "claim-not-unique": "(c)",
+    "no-watchdog": "(f)",
+    "first-run-gap": "(d, strict)",
+}
+LINE = re.compile(
+    r"^(?P<name>[\w-]+) \((?P<expected>holds|refuted)\): (?P<errors>\d+) errors, "
+    r"(?P<states>[\d.e+]+) states, depth (?P<depth>\d+)",
+    re.MULTILINE,
+)
+
+
+def model(name: str) -> tuple[subprocess.CompletedProcess[str], re.Match[str]]:
+    done = subprocess.run(
+        ["bash", str(SCRIPT), name], capture_output=True, text=True, timeout=600, check=False
+    )
+    found = LINE.search(done.stdout)
+    assert found is not None, done.stdout + done.stderr
+    assert found["name"] == name
+    return done, found
+
+
+@pytest.mark.parametrize("name", HOLDS)
+def test_the_model_holds(name: str) -> None:
+    done, found = model(name)
+    assert done.returncode == 0, done.stdout
+    assert found["expected"] == "holds"
+    assert found["errors"] == "0"
+    assert float(found["states"]) > 100_000  # it explored something
+    assert "Search not completed" not in done.stdout
+
+
+@pytest.mark.parametrize(("name", "violated"), REFUTED.items())
+def test_each_mutant_is_refuted_with_a_readable_trail(name: str, violated: str) -> None:
+    done, found = model(name)
+    assert done.returncode == 0, done.stdout
+    assert found["expected"] == "refuted"
+    assert int(found["errors"]) >= 1
+    trail = done.stdout.split("counterexample", 1)[1]
+    assert re.search(r"^    t=\d+ S\d take job\d: won, token \d+", trail, re.MULTILINE)
+    assert f"VIOLATED {violated}:" in trail
+
+
+def test_a_check_that_does_not_exist_fails() -> None:
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "no-such-check"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert "no check named no-such-check" in done.stderr
