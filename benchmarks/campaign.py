@@ -446,11 +446,6 @@ class Campaign:
         try:
             began = time.time()
             did = getattr(self, f"_{kind}")(server, fault)
-            for _ in range(3):  # no process to hit (a cron caller between runs): again
-                if did is not None or self.stopping.is_set():
-                    break
-                began = time.time()
-                did = getattr(self, f"_{kind}")(server, fault)
             if did is not None:
                 with self.mutex:
                     self.faults[kind] += 1
