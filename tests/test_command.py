@@ -394,6 +394,7 @@ def test_list_shows_registered_jobs() -> None:
         "digest",
         "enqueue_now",
         "enqueue_tick",
+        "fenced",
         "flaky_retry",
         "jittery",
         "keepalive_probe",
