@@ -238,10 +238,13 @@ def test_a_short_campaign_finds_no_violation(backend: str, tmp_path: Path) -> No
     assert done.returncode == 0, output[-6000:]
     report = history_check.check(history_check.read(tmp_path / "history.jsonl"))
     assert report.ok, report.summary()
-    # Every kind of fault landed, but kill_cron: in 40 s a cron caller is often frozen or
-    # cut by another fault, or between two runs, when it comes (the 3-minute runs in
-    # docs/campaign.md injected it 4 to 7 times); it is counted, not required here.
-    kinds = {"kill_scheduler", "pause_scheduler", "pause_machine", "restart"}
+    # Every kind of fault aimed at a scheduler (or its link) landed. Those that may be
+    # aimed at a cron caller (kill_cron, pause_machine) need one of its runs going when
+    # they come, and in 40 s on a loaded machine a caller is often between runs, or
+    # frozen or cut by another fault (the local CI's SQLite runs had none of one or the
+    # other; the 3-minute runs in docs/campaign.md had 4 to 12 of each): counted, not
+    # required here.
+    kinds = {"kill_scheduler", "pause_scheduler", "restart"}
     if backend != "sqlite":
         kinds |= {"cut", "blackhole", "slow"}
     assert kinds <= set(report.faults), (report.faults, output[-3000:])
