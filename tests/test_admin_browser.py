@@ -419,6 +419,7 @@ def test_on_call_engineer_previews_and_asks_for_a_backfill(browser: Any, live_se
         page.fill("#id_start", three.strftime("%Y-%m-%dT%H:%M"))  # no zone: the job's (UTC)
         page.fill("#id_end", one.strftime("%Y-%m-%dT%H:%M"))
         page.click("#preview")
+        page.locator("#backfill-slots li").first.wait_for()  # all_inner_texts does not wait
         slots = page.locator("#backfill-slots li").all_inner_texts()
         assert slots == [f"{slot:%Y-%m-%d %H:%M:%S} UTC" for slot in (three, one)]
         assert page.locator("#backfill-done li").all_inner_texts() == [
@@ -593,6 +594,7 @@ def test_operator_overrides_a_schedule_a_running_scheduler_follows_and_back_to_t
         page.fill("#id_every", "2s")
         page.fill("#id_arguments", '{"recipients": ["relay@example.com"], "limit": 2}')
         page.click("#preview")
+        page.locator("#override-preview li").first.wait_for()  # count() does not wait
         assert page.locator("#override-preview li").count() == 5
         shot(page, "admin-override-preview")
         assert not JobState.objects.filter(name="digest").exists()  # not before confirm
