@@ -44,6 +44,11 @@ def serve_commands(conn: Connection) -> None:
                 (name,) = args
                 names = [name] if name else list(held)
                 result = all(held.pop(n).release() for n in names if n in held)
+            elif verb == "run_job":  # a decorated job, as this server runs it
+                alias, name, kwargs = args
+                from django_exclusive_jobs import exclusive_job
+
+                exclusive_job(name, using=alias, **kwargs)(lambda: None)()
             elif verb == "forget":
                 for lock in held.values():
                     lock.stop_keepalive()

@@ -171,6 +171,50 @@ def test_job_whose_set_up_outlasted_its_lease_does_not_start(
         assert (run.status, run.error_type) == (RunStatus.LOST, "LockLost")
 
 
+def test_a_first_claim_stalled_past_its_lease_leaves_no_slot_without_a_row(alias: str) -> None:
+    """The job's first claim looks (no row yet) and stalls past its lease before it writes;
+    meanwhile another server runs a slot two later as the job's first run. The stalled
+    claim must write nothing: its row would leave the slot between without one (the
+    first-run gap the protocol's model found, docs/model.md)."""
+    import time
+
+    from django.db import connections
+
+    name = "hist-first-gap"
+    options = {"every": "1s", "ttl": 0.5, "keepalive": False}
+    calls: list[int] = []
+
+    @exclusive_job(name, using=alias, **options)
+    def job() -> None:
+        calls.append(1)
+
+    stalled: list[float] = []
+
+    def stall_after_the_look(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        upper = sql.upper()
+        look = upper.lstrip().startswith("SELECT") and "DESC" in upper and "LIMIT" in upper
+        if look and "JOBRUN" in upper and not stalled:  # the claim's look at the history
+            stalled.append(time.monotonic())
+            time.sleep(2.2)  # past the lease, and into the slot two after ours
+            with other_holder(alias) as other:
+                other.call("run_job", alias, name, options)
+        return result
+
+    with connections[alias].execute_wrapper(stall_after_the_look), pytest.raises(LockLost):
+        job()
+    assert stalled and calls == []
+    rows = list(JobRun.objects.using(alias).filter(name=name).order_by("slot"))
+    assert [run.status for run in rows if run.status == RunStatus.SUCCEEDED] == [
+        RunStatus.SUCCEEDED
+    ]
+    slots = [run.slot for run in rows]
+    first = slots[0]
+    assert slots == [first + dt.timedelta(seconds=n) for n in range(len(slots))], (
+        "a slot between the job's first row and its last has no row"
+    )
+
+
 def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:
     with other_holder(alias) as other:
         dead_token = other.try_acquire("hist-crash", ttl=30)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 from django.db.models import F
 
 from ..lock.clock import DatabaseNow
@@ -134,46 +135,65 @@ def claim(
         return _again(lock, name, latest, now, retry, arguments)
     if latest is not None and latest.retry_at is not None:
         _give_up(lock, latest, current)
-    if paused:  # the slot is recorded as paused, once; the slots before it are not missed
-        assert state is not None
-        why = state.why_paused()
-        _record_slots(lock, name, [current], RunStatus.PAUSED, f"Paused: {why}.", arguments)
-        return Claim(None, current, why=why)
-    quiet = state.quiet(now) if state is not None else []
-    replaced = overrides.replaced_slots(state, latest.slot if latest else None, now)
-    plan = catchup.plan(
-        schedule,
-        catch_up or CatchUp(),
-        now,
-        latest.slot if latest else None,
-        quiet=quiet,
-        current=current,
-        overlap=overlap,
-        ran=_ran(latest),
-        start_of=start_of,
-    )
-    missed = replaced + plan.missed  # the old schedule's, then the new one's
-    record_missed(lock, name, missed, arguments)
-    _record_skipped(lock, name, plan.skipped, latest, arguments)
-    if plan.run is None:
-        late = missed[-1].isoformat() if missed else "?"
-        policy = (catch_up or CatchUp()).policy
-        why = f"slot {late} started too late (catch_up={policy}): recorded missed"
-        if plan.skipped and not missed:
-            why = f"slot {plan.skipped[-1].isoformat()} came during a run (overlap={overlap})"
-        elif (
-            not missed
-            and state is not None
-            and state.schedule_since is not None
-            and (current < state.schedule_since)
-        ):
-            since = state.schedule_since.isoformat(timespec="seconds")
-            why = f"its slot came before its schedule was put in force at {since}"
-        elif not missed:
-            why = "its slot fell in its last pause"
-        return Claim(None, None, missed, why=why, skipped=plan.skipped)
-    run = _insert(lock, name, plan.run, arguments)
-    return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped)
+    # The job's first rows are written under its lease (see _under_lease).
+    with nullcontext() if latest is not None else _under_lease(lock):
+        if paused:  # the slot is recorded as paused, once; the slots before it are not missed
+            assert state is not None
+            why = state.why_paused()
+            _record_slots(lock, name, [current], RunStatus.PAUSED, f"Paused: {why}.", arguments)
+            return Claim(None, current, why=why)
+        quiet = state.quiet(now) if state is not None else []
+        replaced = overrides.replaced_slots(state, latest.slot if latest else None, now)
+        plan = catchup.plan(
+            schedule,
+            catch_up or CatchUp(),
+            now,
+            latest.slot if latest else None,
+            quiet=quiet,
+            current=current,
+            overlap=overlap,
+            ran=_ran(latest),
+            start_of=start_of,
+        )
+        missed = replaced + plan.missed  # the old schedule's, then the new one's
+        record_missed(lock, name, missed, arguments)
+        _record_skipped(lock, name, plan.skipped, latest, arguments)
+        if plan.run is None:
+            late = missed[-1].isoformat() if missed else "?"
+            policy = (catch_up or CatchUp()).policy
+            why = f"slot {late} started too late (catch_up={policy}): recorded missed"
+            if plan.skipped and not missed:
+                why = f"slot {plan.skipped[-1].isoformat()} came during a run (overlap={overlap})"
+            elif (
+                not missed
+                and state is not None
+                and state.schedule_since is not None
+                and (current < state.schedule_since)
+            ):
+                since = state.schedule_since.isoformat(timespec="seconds")
+                why = f"its slot came before its schedule was put in force at {since}"
+            elif not missed:
+                why = "its slot fell in its last pause"
+            return Claim(None, None, missed, why=why, skipped=plan.skipped)
+        run = _insert(lock, name, plan.run, arguments)
+        return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped)
+
+
+@contextmanager
+def _under_lease(lock: Lock) -> Iterator[None]:
+    """The job's first rows, written in one transaction that renews the lease first.
+
+    The renewal locks the lock's row, so no later holder takes the lock before these rows
+    are committed, and a holder whose lease ran out while it looked writes nothing
+    (:class:`LockLost`). Without it a first claimant stalled past its lease could write
+    its slot after a later holder's first run and leave the slots between without a row
+    (the first-run gap found by the protocol's model, docs/model.md). Later claims need
+    none of this: the next holder records every slot after the latest row before its own,
+    so a stale write of an older slot meets a row and changes nothing.
+    """
+    with transaction.atomic(using=lock.using):
+        lock.renew()
+        yield
 
 
 def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:
@@ -318,11 +338,15 @@ def _insert(
 ) -> JobRun:
     runs = _runs(lock.using)
     values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
+
+    def create() -> JobRun:
+        if not connections[lock.using].in_atomic_block:
+            return runs.create(name=name, slot=slot, attempt=attempt, **values)
+        with transaction.atomic(using=lock.using):  # a savepoint: the look below may follow
+            return runs.create(name=name, slot=slot, attempt=attempt, **values)
+
     try:
-        return run_statement(
-            lock.using,
-            lambda: runs.create(name=name, slot=slot, attempt=attempt, **values),
-        )
+        return run_statement(lock.using, create)
     except IntegrityError:
         # A retried insert whose first try committed, or a holder that lost its lease.
         found: JobRun = run_statement(
