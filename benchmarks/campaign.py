@@ -43,7 +43,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import history_check  # noqa: E402  (benchmarks/history_check.py, beside this script)
+from proxy import TcpProxy  # noqa: E402  (benchmarks/proxy.py)
 
 FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 UPSTREAM = {"postgresql": ("127.0.0.1", 5432), "mysql": ("127.0.0.1", 3306)}
@@ -66,112 +66,10 @@ SCHEDULER_KINDS = ("kill_scheduler", "pause_scheduler", "pause_machine", "restar
 CRON_KINDS = ("kill_cron", "pause_machine")
 PROXY_KINDS = ("cut", "blackhole", "slow")
 FAULT_KINDS = ("kill_scheduler", "kill_cron", "pause_scheduler", "pause_machine", "restart")
-
-
-# --- a TCP proxy per server --------------------------------------------------------------
-
-
-class Proxy:
-    """127.0.0.1:<port> to the database server; ``cut``, ``blackhole``, ``slow`` it.
-
-    ``cut``: every connection is closed and new ones are refused. ``blackhole``: nothing
-    gets through (held bytes go on after ``restore``); new connections wait. ``slow``:
-    each chunk of traffic waits ``delay`` seconds before it is passed on.
-    """
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.delay = 0.0
-        self._mutex = threading.Lock()
-        self._flowing = threading.Event()
-        self._flowing.set()
-        self._stopped = threading.Event()
-        self._sockets: set[socket.socket] = set()
-        self._refusing = False
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self._listener.settimeout(0.1)
-        self.port: int = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                client, _address = self._listener.accept()
-            except OSError:
-                continue
-            if self._refusing:
-                client.close()
-                continue
-            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
-
-    def _connect(self, client: socket.socket) -> None:
-        while not self._flowing.wait(0.05):  # blackholed: the connection waits
-            if self._stopped.is_set():
-                client.close()
-                return
-        try:
-            server = socket.create_connection(self.upstream, timeout=5)
-        except OSError:
-            client.close()
-            return
-        client.settimeout(None)
-        server.settimeout(None)
-        with self._mutex:
-            self._sockets.update((client, server))
-        for source, sink in ((client, server), (server, client)):
-            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                while not self._flowing.wait(0.05):
-                    if self._stopped.is_set():
-                        return
-                if self.delay:
-                    time.sleep(self.delay)
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            self._close(source)
-            self._close(sink)
-
-    def _close(self, sock: socket.socket) -> None:
-        with self._mutex:
-            self._sockets.discard(sock)
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-
-    def cut(self) -> None:
-        self._refusing = True
-        with self._mutex:
-            doomed = list(self._sockets)
-        for sock in doomed:
-            self._close(sock)
-
-    def blackhole(self) -> None:
-        self._flowing.clear()
-
-    def slow(self, delay: float) -> None:
-        self.delay = delay
-
-    def restore(self) -> None:
-        self._refusing = False
-        self.delay = 0.0
-        self._flowing.set()
-
-    def close(self) -> None:
-        self.restore()
-        self._stopped.set()
-        self._listener.close()
-        self.cut()
+# A fault aimed at a cron caller waits this long for one of its runs to be inside its job
+# (two of camp_b's slots), and at most CRON_WAIT for one to be running at all.
+IN_JOB_WAIT = 4.0
+CRON_WAIT = 8.0
 
 
 # --- the processes -----------------------------------------------------------------------
@@ -182,7 +80,7 @@ class Server:
     """One scheduler or cron caller: its proxy, its clock skew, its processes."""
 
     label: str  # s0, s1 ... (schedulers), c0 ... (cron callers)
-    proxy: Proxy | None
+    proxy: TcpProxy | None
     skew: float  # seconds its clock is off (0: none)
     generation: int = 0
     process: subprocess.Popen[bytes] | None = None  # a scheduler's process
@@ -407,11 +305,12 @@ class Campaign:
 
     def pool(self, kind: str) -> list[Server]:
         """The servers a fault of ``kind`` may hit."""
-        if kind == "kill_cron":
-            return self.crons
-        if kind in ("pause_machine", *PROXY_KINDS):
-            return self.schedulers + self.crons
-        return self.schedulers
+        servers = []
+        if kind in (*SCHEDULER_KINDS, *PROXY_KINDS):
+            servers += self.schedulers
+        if kind in (*CRON_KINDS, *PROXY_KINDS):
+            servers += self.crons
+        return servers
 
     def server(self, label: str) -> Server:
         return next(s for s in (*self.schedulers, *self.crons) if s.label == label)
@@ -462,18 +361,23 @@ class Campaign:
         return any(name.startswith(f"{holder}-") for name in os.listdir(self.running))
 
     def _victim(self, server: Server) -> subprocess.Popen[bytes] | None:
-        """A cron caller's running ``run_exclusive``, preferably one inside its job (waits
-        up to 6 s, three of the cron job's slots, for one), else the oldest still
-        running."""
-        deadline = time.monotonic() + 6
-        while time.monotonic() < deadline and not self.stopping.is_set():
+        """A cron caller's running ``run_exclusive``: one inside its job if there is one
+        within ``IN_JOB_WAIT`` s, else the oldest running one, as soon as there is one
+        (the caller starts one at each slot of its job, so a fault aimed at it lands even
+        when it came between two runs); None if none ran for ``CRON_WAIT`` s."""
+        began = time.monotonic()
+        while not self.stopping.is_set():
             running = [run for run in server.runs if run.poll() is None]
             for run in running:
                 if self.in_job(run.pid):
                     return run
+            waited = time.monotonic() - began
+            if running and waited >= IN_JOB_WAIT:
+                return running[0]
+            if waited >= CRON_WAIT:
+                return None
             time.sleep(0.05)
-        running = [run for run in server.runs if run.poll() is None]
-        return running[0] if running else None
+        return None
 
     def _when_in_job(self, server: Server, seconds: float = 3) -> None:
         """Wait up to ``seconds`` for the scheduler to be running a job: a fault then
@@ -556,14 +460,14 @@ class Campaign:
 
     def _cut(self, server: Server, fault: dict[str, Any]) -> dict[str, Any] | None:
         assert server.proxy is not None
-        server.proxy.cut()
+        server.proxy.cut("refuse")
         time.sleep(fault["length"])
         server.proxy.restore()
         return {}
 
     def _blackhole(self, server: Server, fault: dict[str, Any]) -> dict[str, Any] | None:
         assert server.proxy is not None
-        server.proxy.blackhole()
+        server.proxy.cut("blackhole")
         time.sleep(fault["length"])
         server.proxy.restore()
         return {}
@@ -595,7 +499,7 @@ class Campaign:
             first = label[0] == "s" and number < args.skewed
             if upstream and (first or (label == "c0" and args.skewed > args.schedulers)):
                 skew = skews.choice((-1, 1)) * skews.uniform(5, 25)
-            server = Server(label, Proxy(upstream) if upstream else None, skew)
+            server = Server(label, TcpProxy(upstream) if upstream else None, skew)
             (self.schedulers if label.startswith("s") else self.crons).append(server)
         plan = self.schedule()
         self.emit(
@@ -725,7 +629,7 @@ class Campaign:
         print(text)
         for server in (*self.schedulers, *self.crons):
             if server.proxy is not None:
-                server.proxy.close()
+                server.proxy.stop()
         return report
 
 

@@ -1,17 +1,16 @@
 """Faults: a holder killed, paused or cut off from its database, and SQLite under load.
 
-Outages are made with a TCP proxy in this process that sits between a worker and its
-database server and can be cut and restored; the servers themselves are never touched.
+Outages are made with a TCP proxy in this process (``benchmarks/proxy.py``) that sits
+between a worker and its database server and can be cut and restored; the servers
+themselves are never touched.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import suppress
@@ -23,6 +22,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
+from benchmarks.proxy import TcpProxy
 from django_exclusive_jobs import try_acquire
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.lock import Lock
@@ -32,136 +32,7 @@ from . import _fault_workers
 from .helpers import SPAWN, reaped, row
 from .test_command import command_env, manage, runs, start, wait_for
 
-# --- a TCP proxy the test can cut -----------------------------------------------------
-
-
-class TcpProxy:
-    """Forwards 127.0.0.1:<port> to a database server; ``cut()`` and ``restore()`` it.
-
-    ``cut("refuse")`` is a server going down: every connection is closed and new ones
-    are refused. ``cut("blackhole")`` is a network dropping packets: connections stay
-    open but nothing gets through, and new ones are accepted and left waiting; after
-    ``restore()`` the held bytes and the waiting connections go through.
-    """
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self._mutex = threading.Lock()
-        self._flowing = threading.Event()
-        self._flowing.set()
-        self._stopped = threading.Event()
-        self._sockets: set[socket.socket] = set()
-        self._waiting: list[socket.socket] = []
-        self._mode = "open"
-        self._listener: socket.socket | None = self._listen(0)
-        self.port: int = self._listener.getsockname()[1]
-        self._acceptor = threading.Thread(target=self._accept, name="proxy-accept", daemon=True)
-        self._acceptor.start()
-
-    def _listen(self, port: int) -> socket.socket:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", port))
-        listener.listen(64)
-        listener.settimeout(0.05)
-        return listener
-
-    def _accept(self) -> None:
-        while not self._stopped.is_set():
-            listener = self._listener
-            if listener is None:
-                self._stopped.wait(0.02)
-                continue
-            try:
-                client, _address = listener.accept()
-            except OSError:  # timeout, or closed by cut()
-                continue
-            client.settimeout(None)
-            with self._mutex:
-                if self._mode == "blackhole":
-                    self._waiting.append(client)
-                    self._sockets.add(client)
-                    continue
-            self._connect(client)
-
-    def _connect(self, client: socket.socket) -> None:
-        try:
-            server = socket.create_connection(self.upstream, timeout=5)
-        except OSError:
-            self._close(client)
-            return
-        server.settimeout(None)
-        with self._mutex:
-            self._sockets.update((client, server))
-        for source, sink in ((client, server), (server, client)):
-            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                while not self._flowing.wait(0.05):  # blackholed: hold the bytes
-                    if self._stopped.is_set():
-                        return
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            self._close(source)
-            self._close(sink)
-
-    def _close(self, sock: socket.socket) -> None:
-        with self._mutex:
-            self._sockets.discard(sock)
-        with suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
-
-    def _close_all(self) -> None:
-        with self._mutex:
-            doomed = list(self._sockets)
-            self._waiting = []
-        for sock in doomed:
-            self._close(sock)
-
-    def cut(self, mode: str = "refuse") -> None:
-        if mode == "refuse":
-            with self._mutex:
-                self._mode = mode
-                listener, self._listener = self._listener, None
-            if listener is not None:
-                listener.close()
-            self._close_all()
-        elif mode == "blackhole":
-            with self._mutex:
-                self._mode = mode
-            self._flowing.clear()
-        else:
-            raise ValueError(f"unknown cut mode {mode!r}")
-
-    def restore(self) -> None:
-        with self._mutex:
-            if self._listener is None:
-                self._listener = self._listen(self.port)
-            self._mode = "open"
-            waiting, self._waiting = self._waiting, []
-        self._flowing.set()
-        for client in waiting:
-            with self._mutex:
-                self._sockets.discard(client)
-            self._connect(client)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._flowing.set()
-        with self._mutex:
-            listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
-        self._close_all()
-        self._acceptor.join(5)
+# --- a TCP proxy the test can cut (benchmarks/proxy.py) ---------------------------------
 
 
 @pytest.fixture

@@ -29,19 +29,36 @@ def peers(*names: str, jobs: list[str] = JOBS) -> list[spread.Peer]:
     return [spread.Peer(name, frozenset(jobs)) for name in names]
 
 
+def plans(live: list[spread.Peer], slot: dt.datetime = T0) -> dict[str, dict[str, int]]:
+    """Each scheduler's place (0: first) for each of the jobs, all due at ``slot``, as it
+    plans the burst (``spread.places``, as the scheduler does)."""
+    burst = dict.fromkeys(JOBS, slot)
+    planned = {}
+    for p in live:
+        placed = spread.places(p.instance, slot, burst, live)
+        planned[p.instance] = {job: place for job, (place, _head) in placed.items()}
+    return planned
+
+
+def first_choices(live: list[spread.Peer], slot: dt.datetime = T0) -> dict[str, str]:
+    """Each job's first choice at ``slot``: the one scheduler that plans to start it."""
+    planned = plans(live, slot)
+    chosen = {}
+    for job in JOBS:
+        [chosen[job]] = [me for me, plan in planned.items() if plan[job] == 0]
+    return chosen
+
+
 def firsts(live: list[spread.Peer], slot: dt.datetime = T0) -> Counter[str]:
     """How many of the jobs each scheduler is the first choice for, at ``slot``."""
-    chosen: Counter[str] = Counter()
-    for job in JOBS:
-        [first] = [p.instance for p in live if spread.rank(p.instance, job, slot, live) == 0]
-        chosen[first] += 1
-    return chosen
+    return Counter(first_choices(live, slot).values())
 
 
 def test_every_scheduler_agrees_on_one_first_choice_and_shares_are_even() -> None:
     live = peers("a", "b", "c", "d", "e")
+    planned = plans(live)
     for job in JOBS[:20]:
-        places = sorted(spread.rank(p.instance, job, T0, live) for p in live)
+        places = sorted(plan[job] for plan in planned.values())
         assert places == [0, 1, 2, 3, 4]  # one first, one second... for every job
     counts = firsts(live)
     share = len(JOBS) / len(live)
@@ -51,31 +68,26 @@ def test_every_scheduler_agrees_on_one_first_choice_and_shares_are_even() -> Non
 
 
 def test_a_scheduler_that_goes_moves_only_its_own_share() -> None:
-    live = peers("a", "b", "c")
-    before = {
-        job: next(p.instance for p in live if spread.rank(p.instance, job, T0, live) == 0)
-        for job in JOBS
-    }
-    after_live = peers("a", "b")
+    before = first_choices(peers("a", "b", "c"))
+    after = first_choices(peers("a", "b"))
     for job, first in before.items():
-        now = next(
-            p.instance for p in after_live if spread.rank(p.instance, job, T0, after_live) == 0
-        )
         if first != "c":
-            assert now == first
+            assert after[job] == first
+    assert {after[job] for job, first in before.items() if first == "c"} == {"a", "b"}
 
 
 def test_a_scheduler_that_does_not_serve_a_job_is_no_choice_for_it() -> None:
     live = [spread.Peer("a", frozenset({"x"})), spread.Peer("b", frozenset({"y"}))]
-    assert spread.rank("a", "x", T0, live) == 0
-    assert spread.rank("b", "y", T0, live) == 0
+    for slot in (T0 + dt.timedelta(hours=n) for n in range(20)):
+        assert spread.places("a", slot, {"x": slot}, live) == {"x": (0, "x")}
+        assert spread.places("b", slot, {"y": slot}, live) == {"y": (0, "y")}
 
 
 def test_the_first_choice_changes_from_slot_to_slot_and_so_does_the_order() -> None:
     live = peers("a", "b")
     slots = [T0 + dt.timedelta(hours=n) for n in range(40)]
-    first_of_job0 = {spread.rank("a", "job0", slot, live) for slot in slots}
-    assert first_of_job0 == {0, 1}
+    first_of_job0 = {first_choices(live, slot)["job0"] for slot in slots}
+    assert first_of_job0 == {"a", "b"}
     lasts = Counter(max(JOBS[:10], key=lambda job: spread.turn("a", job, slot)) for slot in slots)
     assert len(lasts) > 5  # no job is always last of a burst
 
@@ -97,9 +109,10 @@ def test_shares_follow_free_capacity_and_a_full_scheduler_is_last() -> None:
     expected = {"a": 500, "b": 500, "c": 1000}
     chi_square = sum((counts[k] - n) ** 2 / n for k, n in expected.items())
     assert chi_square < 13.8, counts  # p = 0.001 for 2 degrees of freedom
+    planned = plans(live)
     for job in JOBS[:20]:
-        assert sorted(spread.rank(p.instance, job, T0, live) for p in live) == [0, 1, 2, 3]
-        assert spread.rank("d", job, T0, live) == 3
+        assert sorted(plan[job] for plan in planned.values()) == [0, 1, 2, 3]
+        assert planned["d"][job] == 3
     everyone_full = [spread.Peer(p.instance, p.jobs, 0) for p in live]
     assert sum(firsts(everyone_full).values()) == len(JOBS)  # still one first each
 
@@ -109,14 +122,14 @@ def test_every_scheduler_agrees_on_the_head_of_each_first_choices_share() -> Non
     the schedulers compute the same one, from the same rows."""
     live = peers("a", "b", "c")
     burst = dict.fromkeys(JOBS[:60], T0)
-    plans = {p.instance: spread.places(p.instance, T0, burst, live) for p in live}
+    placed = {p.instance: spread.places(p.instance, T0, burst, live) for p in live}
     for job in burst:
-        assert sorted(plans[p.instance][job][0] for p in live) == [0, 1, 2]
-        assert len({plans[p.instance][job][1] for p in live}) == 1  # agreed
+        assert sorted(placed[p.instance][job][0] for p in live) == [0, 1, 2]
+        assert len({placed[p.instance][job][1] for p in live}) == 1  # agreed
     for me in ("a", "b", "c"):
-        mine = [job for job in burst if plans[me][job][0] == 0]
+        mine = [job for job in burst if placed[me][job][0] == 0]
         first = min(mine, key=lambda job: spread.turn(me, job, T0))
-        assert {plans[me][job][1] for job in mine} == {first}
+        assert {placed[me][job][1] for job in mine} == {first}
 
 
 def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:

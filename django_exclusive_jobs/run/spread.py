@@ -72,7 +72,7 @@ def _key(*parts: str) -> bytes:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest()
 
 
-def ranking(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> list[str]:
+def _ranking(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> list[str]:
     """The live schedulers serving ``job`` (and ``me``), first choice first, for ``slot``:
     by the largest ``free / -ln(u)``, ``u`` a uniform draw from the hash of (scheduler,
     job, slot), so each is first for a share of the slots in proportion to its free
@@ -90,11 +90,6 @@ def ranking(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> list[str]
     return sorted(weights, key=score)
 
 
-def rank(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> int:
-    """This scheduler's place (0: first) among the live ones serving ``job``, for ``slot``."""
-    return ranking(me, job, slot, live).index(me)
-
-
 def turn(me: str, job: str, due: dt.datetime) -> bytes:
     """Where ``job`` comes in this scheduler's own start order of a burst at ``due``."""
     return _key(me, job, due.isoformat(), "turn")
@@ -106,7 +101,7 @@ def places(
     """For each job of a burst (the jobs whose slot starts at ``due``, with their slot):
     this scheduler's place, and the head of the job's first choice's share: the job that
     first choice starts first, which it has claimed within moments if it is alive."""
-    orders = {name: ranking(me, name, slot, live) for name, slot in slots.items()}
+    orders = {name: _ranking(me, name, slot, live) for name, slot in slots.items()}
     heads: dict[str, str] = {}
     for name, order in orders.items():
         first = order[0]
