@@ -7,8 +7,10 @@
  * scheduler) for NJ jobs (up to 2), each with slots 0..NK-1 (P ticks apart). For each
  * start a server does what Run.start, Run.call and Run.finish do (runner.py): take the
  * job's lease (sql.py "take"), claim the slot (history.py claim: look, record missed
- * and skipped slots, insert the run row), run the job (which may write once to a fenced
- * resource), release (sql.py "release") and record the end (history.py record_end).
+ * and skipped slots, insert the run row; a job's first claim renews its lease and
+ * inserts in one transaction, history._under_lease), run the job (which may write once
+ * to a fenced resource), release (sql.py "release") and record the end (history.py
+ * record_end).
  * Each server has a keep-alive thread (keepalive.py: renew, and a watchdog that gives
  * the lock up shortly before the lease could end when no renewal got through). A
  * nemesis crashes or pauses holders (a crashed server never acts again and its lease
@@ -18,9 +20,11 @@
  * One database clock, `dbnow`, advances by ticks (the Clock process). Every lease is
  * written and compared on it, as every statement in sql.py does. Every atomic step
  * below is ONE SQL statement (its comment names it and its WHERE clause) or ONE local
- * decision of a process (its comment names the function).
+ * decision of a process (its comment names the function). A step is an atomic { }
+ * or a d_step { } (which pan runs as one transition, faster; it may not jump out, so
+ * a step that ends in a goto is an atomic { } around a d_step { }).
  *
- * Properties (assertions, checked in every reachable state; see CHECK and PROP):
+ * Properties (assertions, checked in every reachable state; see INVARIANTS and PROP):
  *  (a) for each job, at most one holder whose lease is valid: the expiry the database
  *      returned to it (take, renew) not yet reached on the database clock, and not
  *      revoked by its own release or an operator's force-release. Crashed and paused
@@ -32,9 +36,10 @@
  *  (c) each (job, slot) starts its job at most once.
  *  (d) every slot a claim passed (between the newest row it found and the slot it
  *      claims) has a row once that claim went through (run, missed or skipped): never
- *      silently dropped. -DSTRICT_D checks the stronger reading of docs/guarantees.md
- *      (no slot without a row between the job's first row and a slot passed); spin
- *      refutes it: see "first-run gap" in docs/model.md.
+ *      silently dropped; and no slot is without a row between two slots with a row,
+ *      that is between the job's first row and a slot a claim passed (the first-run
+ *      gap, docs/model.md: a first claim stalled past its lease could write its row
+ *      after a later holder's first run).
  *  (f) keep-alive's watchdog: a holder neither paused nor force-released since its
  *      take, and not yet told the lock is lost, holds a valid lease. (A paused one may
  *      not: that is what fencing is for.)
@@ -64,9 +69,13 @@
  *  - The job is a child program: told to stop when the lock is lost, it may still make
  *    its one write before it stops (SIGTERM, then --grace). ensure_held() (sql.py
  *    "check") is not modelled: it is the same kind of look-then-act as Run._may_start.
+ *  - A job's first claim writes only its run row here: the paused row and the slots an
+ *    override replaced, which history._under_lease writes in the same transaction, are
+ *    not modelled.
  *  - Bounds: see below and scripts/model.sh, which checks several bounds: 3 servers
  *    and 2 jobs without faults; 3 servers, 1 job, a crash or a pause and a
- *    force-release; 2 servers starting twice each with a fault.
+ *    force-release; 2 servers starting twice each with a fault; and (--long) 3
+ *    servers, 2 jobs and one crash, pause or force-release in all (DISTURBANCES).
  *
  * Mutants (spin -DMUTANT_...; scripts/model.sh requires a counterexample for each):
  *  MUTANT_TAKE_IGNORES_EXPIRY         the take without "AND (expires_at IS NULL OR
@@ -78,6 +87,9 @@
  *  MUTANT_NO_WATCHDOG                 keep-alive without its watchdog: renewals that
  *                                     get no answer leave the job running past its
  *                                     lease: refuted by (f)
+ *  MUTANT_FIRST_UNGUARDED             a job's first claim inserts without renewing its
+ *                                     lease in the same transaction (before the fix of
+ *                                     the first-run gap): refuted by (d)
  */
 
 /* ---- bounds ---------------------------------------------------------------------- */
@@ -109,6 +121,9 @@
 #ifndef FORCE
 #define FORCE 1         /* operator force-releases, in all */
 #endif
+#ifndef DISTURBANCES
+#define DISTURBANCES (FAULTS + FORCE) /* crashes, pauses and force-releases, in all */
+#endif
 
 #define NOBODY 255
 /* A JobRun row's status, as the claim reads it (status.py) */
@@ -134,8 +149,8 @@ bit lreleased[NJ];
 /* JobRun, unique (name, slot, attempt); attempt is always 1 here */
 byte rstatus[NJ*NK];
 /* what history.py _ran and catchup._overran read from an ENDED row (started_at,
-   finished_at): the slots that began during its run if it lasted its interval or more,
-   as a bit mask (bit k: slot k), else 0 */
+   duration): the slots that began in (started_at, started_at + duration] if the run
+   lasted its interval or more, as a bit mask (bit k: slot k), else 0 */
 byte rduring[NJ*NK];
 /* the fenced resource, one per job: it keeps the highest token it has seen */
 byte fence[NJ];
@@ -154,9 +169,6 @@ byte lease[NS];                /* expiry the database last granted this server's
 bit pausedsince[NS];           /* paused since its take */
 bit revoked[NS];               /* force-released since its take */
 byte starts[NJ*NK];            /* how many times each (job, slot) started its job */
-#ifdef STRICT_D
-byte passed[NJ];               /* slots below this were passed by a claim that went through */
-#endif
 byte owed[NJ];                 /* (d): bit k: a claim passed slot k after a row before it */
 byte fired;                    /* how many servers have fired a first trigger (symmetry) */
 byte faults = FAULTS;
@@ -164,12 +176,19 @@ byte forces = FORCE;
 
 #define ROW(j, k) rstatus[(j)*NK + (k)]
 /* The claim went through: what it passed is owed a row (d) */
-#ifdef STRICT_D
-#define PASS() owed[j] = owed[j] | owe; owe = 0; if :: passed[j] < cur -> passed[j] = cur :: else fi
-#else
 #define PASS() owed[j] = owed[j] | owe; owe = 0
-#endif
 #define ACTIVE(me) (!paused[me])
+/* history._under_lease: the claim's writes go under its lease: the job's first claim */
+#ifdef MUTANT_FIRST_UNGUARDED
+#define UNDER_LEASE 0
+#else
+#define UNDER_LEASE first
+#endif
+/* lock.renew: not found lost locally (else LockLost, nothing sent), and sql.py "renew"
+   finds its row: WHERE name = j AND token = mine AND released_at IS NULL AND
+   expires_at > now */
+#define RENEWS(me, jj) (!lost[me] && ltoken[jj] == token[me] && !lreleased[jj] \
+                        && lexpires[jj] > dbnow)
 #define VALID(s) (lease[s] > dbnow)
 
 /* The invariants (a), (d) and (f), asserted after every step that can change them
@@ -201,10 +220,12 @@ byte forces = FORCE;
 /* (d) every slot a claim passed after a row before it (owed) has a row */
 #define PAID(j, k) (!(owed[j] & (1 << (k))) || ROW(j, k) != NONE)
 #define ALL_PAID(j) FORALL_K(PAID, j)
-/* (d, strict: -DSTRICT_D) no slot below passed[j] without a row after the job's first
-   row (NK = 3: slot 1 is the only one that can be between) */
-#ifdef STRICT_D
-#define NO_GAP(j) (!(passed[j] > 1 && ROW(j, 0) != NONE && ROW(j, 1) == NONE))
+/* (d) no slot without a row between two slots with a row: between the job's first row
+   and a slot a claim passed (a row at slot k means a claim for slot k went through:
+   missed and skipped rows are of slots before the claim's, its run row of its own).
+   NK = 3: slot 1 is the only slot that can be between. */
+#if NK == 3
+#define NO_GAP(j) (!(ROW(j, 0) != NONE && ROW(j, 1) == NONE && ROW(j, 2) != NONE))
 #else
 #define NO_GAP(j) 1
 #endif
@@ -217,10 +238,11 @@ byte forces = FORCE;
 
 /* An assertion that says which property it is when the trail is replayed */
 #define PROP(cond, text) if :: !(cond) -> printf(text) :: else fi; assert(cond)
-#define CHECK() \
+/* The invariants, at the end of each step (inside its d_step) */
+#define INVARIANTS \
     PROP(FORALL_J(ONE_VALID), "MSC: VIOLATED (a): two servers hold one job with valid leases\n"); \
     PROP(FORALL_J(ALL_PAID), "MSC: VIOLATED (d): a slot a claim passed has no row\n"); \
-    PROP(FORALL_J(NO_GAP), "MSC: VIOLATED (d, strict): a slot after the first row has no row\n"); \
+    PROP(FORALL_J(NO_GAP), "MSC: VIOLATED (d): a slot between two slots with a row has none\n"); \
     PROP(FORALL_S(WATCHED, 0), "MSC: VIOLATED (f): a live, unpaused holder runs on past its lease\n")
 
 /* ---- the clock ------------------------------------------------------------------------ */
@@ -242,7 +264,7 @@ byte forces = FORCE;
 active proctype Clock() {
 end:
     do
-    :: atomic { dbnow < MAXT && !WATCHDOG_DUE ->
+    :: d_step { dbnow < MAXT && !WATCHDOG_DUE ->
         dbnow++;
         printf("MSC: ---- t=%d\n", dbnow);
         PAST(lease[0]); PAST(deadline[0]);
@@ -256,7 +278,7 @@ end:
 #if NJ > 1
         PAST(lexpires[1]);
 #endif
-        CHECK() }
+        INVARIANTS }
     od
 }
 
@@ -268,28 +290,30 @@ end:
    A row back: won, leave the triggers' loop (break); else skipped (held by another;
    the read that names the holder only informs the log line). */
 inline TAKE() {
-    if :: left == STARTS -> fired++ :: else fi;
-    left--;
+    d_step {
+        if :: left == STARTS -> fired++ :: else fi;
+        left--;
 #ifdef MUTANT_TAKE_IGNORES_EXPIRY
-    if :: true ->
+        if :: true ->
 #else
-    if :: lexpires[j] <= dbnow ->
+        if :: lexpires[j] <= dbnow ->
 #endif
-        ltoken[j]++; lexpires[j] = dbnow + TTL; lreleased[j] = 0;
-        job[me] = j; token[me] = ltoken[j]; deadline[me] = dbnow + TTL;
-        holding[me] = 1; lease[me] = dbnow + TTL;
-        cur = dbnow / P;
-        /* (b) every take gets a token of its own: no other server has this one */
-        PROP(FORALL_S(OWN_TOKEN, me), "MSC: VIOLATED (b): two holders with one token\n");
-        printf("MSC: t=%d S%d take job%d: won, token %d, lease to t=%d, slot %d\n",
-               dbnow, me, j, token[me], dbnow + TTL, cur);
-        CHECK();
-        break
-    :: else ->
-        printf("MSC: t=%d S%d take job%d: held (token %d, lease to t=%d): skip\n",
-               dbnow, me, j, ltoken[j], lexpires[j]);
-        j = 0
-    fi
+            ltoken[j]++; lexpires[j] = dbnow + TTL; lreleased[j] = 0;
+            job[me] = j; token[me] = ltoken[j]; deadline[me] = dbnow + TTL;
+            holding[me] = 1; lease[me] = dbnow + TTL;
+            cur = dbnow / P;
+            /* (b) every take gets a token of its own: no other server has this one */
+            PROP(FORALL_S(OWN_TOKEN, me), "MSC: VIOLATED (b): two holders with one token\n");
+            printf("MSC: t=%d S%d take job%d: won, token %d, lease to t=%d, slot %d\n",
+                   dbnow, me, j, token[me], dbnow + TTL, cur);
+            INVARIANTS
+        :: else ->
+            printf("MSC: t=%d S%d take job%d: held (token %d, lease to t=%d): skip\n",
+                   dbnow, me, j, ltoken[j], lexpires[j]);
+            j = 0
+        fi
+    };
+    if :: holding[me] -> break :: else fi
 }
 
 /* sql.py "release": UPDATE joblock SET released_at = now,
@@ -297,7 +321,8 @@ inline TAKE() {
    WHERE name = j AND token = mine AND released_at IS NULL
    A release that finds the lock no longer ours changes nothing (lock.release, and
    _release_after_loss once the lock was found lost: the statement is the same).
-   Then the Lock is done with: what this server believed about it is forgotten. */
+   Then the Lock is done with: what this server believed about it is forgotten.
+   (Inside a d_step.) */
 inline RELEASE() {
 #ifdef MUTANT_RELEASE_NOT_HOLDER_CHECKED
     if :: true ->
@@ -312,7 +337,29 @@ inline RELEASE() {
     fi;
     holding[me] = 0; lease[me] = 0; lost[me] = 0; deadline[me] = 0; token[me] = 0;
     job[me] = 0; pausedsince[me] = 0; revoked[me] = 0;
-    CHECK()
+    INVARIANTS
+}
+
+/* runner.py Run._finish: result.duration = now - _started (the job has ended: it returned,
+   or LockLost before it started), which record_end writes; history._ran reads the run's
+   end as started_at + duration, not finished_at (when the end was written, after the
+   release). _started is set just after the claim's insert: the model counts the
+   duration from the insert's tick (began), and the end is this tick. catchup._overran:
+   the run lasted its interval or more; then the slots that began in (started_at,
+   started_at + duration] came during it (catchup.plan, overlap="skip"). (Inside a
+   d_step.) */
+inline RAN() {
+    if
+    :: dbnow - began >= P ->
+        k = cur + 1;
+        do
+        :: k < NK && k*P <= dbnow ->
+            if :: k*P > began -> during = during | (1 << k) :: else fi; k++
+        :: else -> break
+        od
+    :: else
+    fi;
+    k = 0; began = 0
 }
 
 /* Symmetry: servers are alike, and so are jobs; every run of the model is a run in
@@ -330,7 +377,9 @@ proctype Server(byte me) {
     byte missed, skipped;    /* catchup.plan: bit k = slot k */
     byte owe;                /* (d): the slots this claim passes, owed a row once it is through */
     bit runs;                /* catchup.plan: plan.run == cur */
+    bit first;               /* no row at or before cur: the job's first claim */
     byte began;              /* the run row's started_at */
+    byte during;             /* the slots that began during the run (history._ran), bit k */
     bit wrote;
     byte k;
 {
@@ -356,53 +405,51 @@ endidle:
        ORDER BY slot DESC, attempt DESC LIMIT 1; then catchup.plan (catch_up="latest",
        overlap="skip") decides locally what is missed, skipped and run */
     atomic { ACTIVE(me) ->
-        latest = NOBODY; k = cur + 1;
-        do
-        :: k > 0 && latest == NOBODY -> k--; if :: ROW(j, k) != NONE -> latest = k :: else fi
-        :: else -> break
-        od;
-        if
-        :: latest == cur ->
-            /* _again: the slot has a row: Claim(that run): not ours -> skipped */
-            printf("MSC: t=%d S%d claim job%d slot %d: has a row already (status %d): skip\n",
-                   dbnow, me, j, cur, ROW(j, cur));
-            PASS();
-            latest = 0; k = 0;
-            CHECK();
-            goto release
-        :: latest == NOBODY ->
-            runs = 1    /* the job's first run: nothing before it to account for */
-        :: else ->
-            k = latest + 1;
+        d_step {
+            latest = NOBODY; k = cur + 1;
             do
-            :: k <= cur ->
-                if
-                :: rduring[j*NK + latest] & (1 << k) ->
-                    skipped = skipped | (1 << k)   /* came during the run: overlap's */
-                :: else ->
-                    if :: k == cur -> runs = 1
-                       :: else -> missed = missed | (1 << k) fi
-                fi;
-                k++
+            :: k > 0 && latest == NOBODY -> k--; if :: ROW(j, k) != NONE -> latest = k :: else fi
             :: else -> break
-            od
-        fi;
-        owe = (missed | skipped) & ((1 << cur) - 1);
-        if
-        :: latest == NOBODY ->
-            printf("MSC: t=%d S%d claim job%d slot %d: no row at or before it: first run\n",
-                   dbnow, me, j, cur)
-        :: else ->
-            printf("MSC: t=%d S%d claim job%d slot %d: newest row: slot %d; to record missed %d, skipped %d (bit masks); run %d\n",
-                   dbnow, me, j, cur, latest, missed, skipped, runs)
-        fi;
-        latest = 0; k = 0 }
+            od;
+            if
+            :: latest == cur ->
+                /* _again: the slot has a row: Claim(that run): not ours -> skipped */
+                printf("MSC: t=%d S%d claim job%d slot %d: has a row already (status %d): skip\n",
+                       dbnow, me, j, cur, ROW(j, cur));
+                PASS();
+                INVARIANTS
+            :: latest == NOBODY ->
+                runs = 1; first = 1;  /* the job's first run: nothing before it to account for */
+                printf("MSC: t=%d S%d claim job%d slot %d: no row at or before it: first run\n",
+                       dbnow, me, j, cur)
+            :: else ->
+                k = latest + 1;
+                do
+                :: k <= cur ->
+                    if
+                    :: rduring[j*NK + latest] & (1 << k) ->
+                        skipped = skipped | (1 << k)   /* came during the run: overlap's */
+                    :: else ->
+                        if :: k == cur -> runs = 1
+                           :: else -> missed = missed | (1 << k) fi
+                    fi;
+                    k++
+                :: else -> break
+                od;
+                owe = (missed | skipped) & ((1 << cur) - 1);
+                printf("MSC: t=%d S%d claim job%d slot %d: newest row: slot %d; to record missed %d, skipped %d (bit masks); run %d\n",
+                       dbnow, me, j, cur, latest, missed, skipped, runs)
+            fi;
+            latest = 0; k = 0
+        };
+        /* the slot has a row already (nothing else to do) */
+        if :: !runs && missed == 0 && skipped == 0 -> goto release :: else fi }
 
     /* history.py record_missed -> _record_slots: bulk_create(rows, ignore_conflicts=True):
        INSERT INTO jobrun ... status missed ... ON CONFLICT DO NOTHING (only when any) */
     if
     :: missed != 0 ->
-        atomic { ACTIVE(me) ->
+        d_step { ACTIVE(me) ->
             k = 0;
             do
             :: k < NK -> if :: (missed & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = MISSED
@@ -412,14 +459,14 @@ endidle:
             printf("MSC: t=%d S%d record_missed job%d slots %d (bit mask)\n", dbnow, me, j, missed);
             k = 0; missed = 0;
             if :: !runs && skipped == 0 -> PASS() :: else fi;
-            CHECK() }
+            INVARIANTS }
     :: else
     fi;
 
     /* history.py _record_skipped -> _record_slots: the same INSERT, status skipped */
     if
     :: skipped != 0 ->
-        atomic { ACTIVE(me) ->
+        d_step { ACTIVE(me) ->
             k = 0;
             do
             :: k < NK -> if :: (skipped & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = SKIPPED
@@ -429,7 +476,7 @@ endidle:
             printf("MSC: t=%d S%d record_skipped job%d slots %d (bit mask)\n", dbnow, me, j, skipped);
             k = 0; skipped = 0;
             if :: !runs -> PASS() :: else fi;
-            CHECK() }
+            INVARIANTS }
     :: else
     fi;
 
@@ -441,43 +488,72 @@ endidle:
     /* history.py _insert: runs.create(name=j, slot=cur, attempt=1, token=mine,
        started_at=now): INSERT INTO jobrun ...; the unique (name, slot, attempt) refuses
        a second row, and the IntegrityError returns the row found: not ours (is_ours)
-       -> skipped */
+       -> skipped.
+       The job's first claim (no row at or before cur) writes under its lease:
+       history._under_lease: one transaction.atomic() that first sends lock.renew()
+       (sql.py "renew": UPDATE joblock SET expires_at = now + ttl WHERE name = j AND
+       token = mine AND released_at IS NULL AND expires_at > now), then the claim's
+       writes (here the insert: a first claim records nothing missed or skipped), then
+       commits. The renewal locks the lock's row until the commit, so no take comes
+       between them: one step here. lock.renew raises LockLost, sending nothing, once the
+       lock was found lost (lost_reason); no row back -> LockLost; either way the
+       transaction rolls back, nothing is written, and Run.start releases the lock. */
     atomic { ACTIVE(me) ->
-        runs = 0;
-        PASS();
+        d_step {
+            runs = 0;
+            if
+            :: UNDER_LEASE && !RENEWS(me, j) ->
+                lost[me] = 1;
+                printf("MSC: t=%d S%d claim job%d: renew token %d in the insert's transaction: no row back: LockLost, nothing written\n",
+                       dbnow, me, j, token[me])
+            :: else ->
+                if
+                :: UNDER_LEASE ->
+                    lexpires[j] = dbnow + TTL; lease[me] = dbnow + TTL;
+                    deadline[me] = dbnow + TTL;
+                    printf("MSC: t=%d S%d claim job%d: renew token %d in the insert's transaction: lease to t=%d\n",
+                           dbnow, me, j, token[me], dbnow + TTL)
+                :: else
+                fi;
+                PASS();
 #ifdef MUTANT_CLAIM_NOT_UNIQUE
-        if :: true ->
+                if :: true ->
 #else
-        if :: ROW(j, cur) == NONE ->
+                if :: ROW(j, cur) == NONE ->
 #endif
-            ROW(j, cur) = RUNNING; began = dbnow;
-            printf("MSC: t=%d S%d insert run job%d slot %d: ours\n", dbnow, me, j, cur);
-            CHECK()
-        :: else ->
-            printf("MSC: t=%d S%d insert run job%d slot %d: unique violation, the row is not ours: skip\n",
-                   dbnow, me, j, cur);
-            CHECK();
-            goto release
-        fi }
+                    ROW(j, cur) = RUNNING; began = dbnow; runs = 1;
+                    printf("MSC: t=%d S%d insert run job%d slot %d: ours\n", dbnow, me, j, cur)
+                :: else ->
+                    printf("MSC: t=%d S%d insert run job%d slot %d: unique violation, the row is not ours: skip\n",
+                           dbnow, me, j, cur)
+                fi
+            fi;
+            first = 0;
+            INVARIANTS
+        };
+        if :: runs -> runs = 0 :: else -> goto release fi }
 
     /* runner.py Run._may_start: `if not lock.held: raise LockLost` (local) */
     atomic { ACTIVE(me) ->
         if
         :: lost[me] || dbnow >= deadline[me] ->
-            printf("MSC: t=%d S%d _may_start: lock.held is false: LockLost, job not started\n",
-                   dbnow, me);
+            d_step {
+                printf("MSC: t=%d S%d _may_start: lock.held is false: LockLost, job not started\n",
+                       dbnow, me);
+                RAN() };
             goto finish
         :: else ->
-            starts[j*NK + cur]++;
-            printf("MSC: t=%d S%d STARTS job%d slot %d (token %d)\n", dbnow, me, j, cur, token[me]);
-            PROP(starts[j*NK + cur] <= 1, "MSC: VIOLATED (c): a slot started twice\n")
+            d_step {
+                starts[j*NK + cur]++;
+                printf("MSC: t=%d S%d STARTS job%d slot %d (token %d)\n", dbnow, me, j, cur, token[me]);
+                PROP(starts[j*NK + cur] <= 1, "MSC: VIOLATED (c): a slot started twice\n") }
         fi }
 
     /* the job's code: at most one write through the fenced resource, then it returns
        (or stops, once told the lock is lost: lock_lost) */
     do
     /* UPDATE resource SET ..., fence = mine WHERE fence <= mine */
-    :: atomic { ACTIVE(me) && !wrote ->
+    :: d_step { ACTIVE(me) && !wrote ->
         wrote = 1;
         if
         :: token[me] >= fence[j] ->
@@ -490,39 +566,30 @@ endidle:
                    dbnow, me, j, token[me], fence[j]);
             PROP(token[me] < fence[j], "MSC: VIOLATED (b): a write was refused with a token not older\n")
         fi }
-    /* the job returns; runner.py Run._finish: lock.stop_keepalive(), then
+    /* the job returns; runner.py Run._finish: the duration, lock.stop_keepalive(), then
        lock.release() (the job's return is invisible to the others: one step) */
-    :: atomic { ACTIVE(me) -> wrote = 0; RELEASE(); break }
+    :: atomic { ACTIVE(me) -> d_step { wrote = 0; RAN(); RELEASE() }; break }
     od;
     goto record;
 
 finish:
     /* runner.py Run._finish after LockLost: lock.stop_keepalive(), lock.release() */
-    atomic { ACTIVE(me) -> RELEASE() }
+    atomic { ACTIVE(me) -> d_step { RELEASE() } }
 record:
     /* history.py record_end: UPDATE jobrun SET status = .., finished_at = now, duration
-       WHERE id = ours AND token = mine */
+       WHERE id = ours AND token = mine. What the next claim reads from it (history._ran:
+       started_at + duration) was fixed when the job ended (RAN), not now. */
     atomic { ACTIVE(me) ->
-        ROW(j, cur) = ENDED;
-        /* catchup._overran: lasted its interval or more; then the slots that began in
-           (started_at, finished_at] came during it (catchup.plan, overlap="skip") */
-        if
-        :: dbnow - began >= P ->
-            k = cur + 1;
-            do
-            :: k < NK && k*P <= dbnow -> rduring[j*NK + cur] = rduring[j*NK + cur] | (1 << k); k++
-            :: else -> break
-            od
-        :: else
-        fi;
-        printf("MSC: t=%d S%d record_end job%d slot %d\n", dbnow, me, j, cur);
-        CHECK();
-        j = 0; cur = 0; began = 0; k = 0;
+        d_step {
+            ROW(j, cur) = ENDED; rduring[j*NK + cur] = during;
+            printf("MSC: t=%d S%d record_end job%d slot %d\n", dbnow, me, j, cur);
+            INVARIANTS;
+            j = 0; cur = 0; during = 0 };
         goto endidle }
 
 release:
     /* runner.py Run.start: skipped after the take -> lock.release() */
-    atomic { ACTIVE(me) -> RELEASE(); j = 0; cur = 0; goto endidle }
+    atomic { ACTIVE(me) -> d_step { RELEASE(); j = 0; cur = 0 }; goto endidle }
 } unless { crashed[me] }
 }
 
@@ -536,7 +603,7 @@ end:
        WHERE name = j AND token = mine AND released_at IS NULL AND expires_at > now
        RETURNING expires_at. A row back: the local deadline moves to now + ttl; none
        back: LockLost (lock.renew -> _lose) */
-    :: atomic { ACTIVE(me) && holding[me] && !lost[me] ->
+    :: d_step { ACTIVE(me) && holding[me] && !lost[me] ->
         if
         :: ltoken[job[me]] == token[me] && !lreleased[job[me]] && lexpires[job[me]] > dbnow ->
             lexpires[job[me]] = dbnow + TTL; lease[me] = dbnow + TTL;
@@ -548,37 +615,40 @@ end:
                    dbnow, me, job[me], token[me]);
             lost[me] = 1
         fi;
-        CHECK() }
+        INVARIANTS }
     /* the renewal gets no answer (the database does not answer): _renew_until_deadline
        marks the lock lost once the local deadline has passed (_lease_slipped), else it
        tries again later */
-    :: atomic { ACTIVE(me) && holding[me] && !lost[me] && dbnow >= deadline[me] ->
+    :: d_step { ACTIVE(me) && holding[me] && !lost[me] && dbnow >= deadline[me] ->
         lost[me] = 1;
         printf("MSC: t=%d S%d renew job%d: no answer from the database, lease slipped: lock lost\n",
                dbnow, me, job[me]);
-        CHECK() }
+        INVARIANTS }
 #ifndef MUTANT_NO_WATCHDOG
     /* KeepAlive._watch / _give_up: deadline - margin has come and no renewal moved the
        deadline: the lock is marked lost (lock_lost: the job is told to stop) */
-    :: atomic { ACTIVE(me) && holding[me] && !lost[me] && dbnow + MARGIN >= deadline[me] ->
+    :: d_step { ACTIVE(me) && holding[me] && !lost[me] && dbnow + MARGIN >= deadline[me] ->
         lost[me] = 1;
         printf("MSC: t=%d S%d watchdog job%d token %d: no renewal got through: lock lost\n",
                dbnow, me, job[me], token[me]);
-        CHECK() }
+        INVARIANTS }
 #endif
     od
 } unless { crashed[me] }
 }
 
 /* ---- faults: a crash (kill -9) or a pause (SIGSTOP, then SIGCONT) of a holder ---------- */
-#define CRASH(s) :: atomic { faults > 0 && holding[s] && !crashed[s] -> \
+/* one more crash, pause or force-release is within the bounds */
+#define MAY_DISTURB (FAULTS - faults + FORCE - forces < DISTURBANCES)
+#define CRASH(s) :: d_step { faults > 0 && MAY_DISTURB && holding[s] && !crashed[s] -> \
         faults--; crashed[s] = 1; \
         printf("MSC: t=%d S%d CRASH (kill -9)\n", dbnow, s) }
-#define PAUSE(s) :: atomic { faults > 0 && holding[s] && !paused[s] && !crashed[s] -> \
+#define PAUSE(s) :: d_step { faults > 0 && MAY_DISTURB && holding[s] && !paused[s] \
+        && !crashed[s] -> \
         faults--; paused[s] = 1; pausedsince[s] = 1; \
-        printf("MSC: t=%d S%d PAUSE (SIGSTOP)\n", dbnow, s); CHECK() }
-#define RESUME(s) :: atomic { paused[s] -> paused[s] = 0; \
-        printf("MSC: t=%d S%d RESUME (SIGCONT)\n", dbnow, s); CHECK() }
+        printf("MSC: t=%d S%d PAUSE (SIGSTOP)\n", dbnow, s); INVARIANTS }
+#define RESUME(s) :: d_step { paused[s] -> paused[s] = 0; \
+        printf("MSC: t=%d S%d RESUME (SIGCONT)\n", dbnow, s); INVARIANTS }
 
 active proctype Nemesis() {
 end:
@@ -599,13 +669,13 @@ end:
    and expires_at <= now). The holder is not told: its next renew finds no row. */
 #define REVOKE(s, jj) if :: holding[s] && job[s] == (jj) && token[s] == ltoken[jj] \
         && !lreleased[jj] -> revoked[s] = 1; lease[s] = 0 :: else fi
-#define FORCE_RELEASE(jj) :: atomic { forces > 0 && ltoken[jj] > 0 \
+#define FORCE_RELEASE(jj) :: d_step { forces > 0 && MAY_DISTURB && ltoken[jj] > 0 \
         && !(lreleased[jj] && lexpires[jj] <= dbnow) -> \
         forces--; \
         REVOKE(0, jj); REVOKE(1 % NS, jj); REVOKE(2 % NS, jj); \
         lreleased[jj] = 1; lexpires[jj] = 0 /* = now: PAST */; \
         printf("MSC: t=%d OPERATOR force-release job%d (token %d)\n", dbnow, jj, ltoken[jj]); \
-        CHECK() }
+        INVARIANTS }
 
 active proctype Operator() {
 end:
