@@ -9,6 +9,7 @@ between the commit and the reply would. SQLite is a file: there is no connection
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,8 +19,10 @@ import pytest
 from django.db import OperationalError, connections
 
 from django_exclusive_jobs import exclusive_job, try_acquire
+from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.lock import process
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
+from django_exclusive_jobs.run.schedules import Every
 
 from .helpers import expire_now, row
 
@@ -101,11 +104,18 @@ def test_retried_run_row_that_committed_is_our_run_not_a_taken_slot(server_alias
     def job() -> None:
         calls.append(1)
 
+    # The job has run before: a job's first claim is one transaction (history._under_lease),
+    # where an insert is not committed before the connection could die.
+    hour = dt.timedelta(hours=1)
+    before = Every(period=hour).slot_at(database_now(alias)) - hour
+    JobRun.objects.using(alias).create(
+        name="retried-run", slot=before, status=RunStatus.SUCCEEDED, started_at=before
+    )
     with connection_dies_after(alias, is_run_insert) as fired:
         job()
     assert fired, "the run row was never inserted"
     assert calls == [1], "the slot our own run row claimed was skipped"
-    runs = list(JobRun.objects.using(alias).filter(name="retried-run"))
+    runs = list(JobRun.objects.using(alias).filter(name="retried-run").exclude(slot=before))
     assert [(run.status, run.token) for run in runs] == [(RunStatus.SUCCEEDED, 1)]
 
 
@@ -161,3 +171,46 @@ def test_late_end_of_an_old_run_does_not_overwrite_the_retry_of_its_slot(alias: 
     assert (first.status, first.token, first.attempt) == (RunStatus.LOST, 1, 1)
     assert (run.status, run.token, run.attempt) == (RunStatus.SUCCEEDED, 2, 2)
     assert JobLock.objects.using(alias).get(name=name).token == 2
+
+
+def test_a_deadlock_inside_a_transaction_is_not_retried_alone(alias: str) -> None:
+    """MariaDB rolls back the whole transaction of a deadlock's victim, and Django
+    refuses any further statement in the block: the deadlock is not retried, and the
+    caller learns it was a deadlock (not, after the backoff, that Django refused)."""
+    import time
+
+    from django.db import transaction
+
+    from django_exclusive_jobs.lock.errors import LockDatabaseError
+    from django_exclusive_jobs.lock.retry import run_statement
+
+    if connections[alias].vendor != "mysql":
+        pytest.skip("a deadlock that rolls back only its victim's transaction: MariaDB")
+    locks = JobLock.objects.using(alias)
+    for name in ["dl-a", "dl-b", *(f"dl-heavy-{n}" for n in range(20))]:
+        locks.get_or_create(name=name)
+    holds_b = threading.Event()
+
+    def other() -> None:  # the larger transaction: InnoDB picks the smaller as the victim
+        try:
+            with transaction.atomic(using=alias):
+                locks.filter(name__startswith="dl-heavy").update(host="heavy")
+                locks.filter(name="dl-b").update(host="other")
+                holds_b.set()
+                locks.filter(name="dl-a").update(host="other")  # waits for us
+        finally:
+            connections[alias].close()
+
+    def ours() -> None:
+        with transaction.atomic(using=alias):
+            locks.filter(name="dl-a").update(host="us")
+            waiting.start()
+            assert holds_b.wait(30)
+            time.sleep(0.5)  # the other transaction now waits for dl-a
+            run_statement(alias, lambda: locks.filter(name="dl-b").update(host="us"))
+
+    waiting = threading.Thread(target=other)
+    with pytest.raises(LockDatabaseError, match="Deadlock"):
+        ours()
+    waiting.join(30)
+    assert locks.get(name="dl-b").host == "other"  # ours was undone, and not redone

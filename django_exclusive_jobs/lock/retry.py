@@ -49,7 +49,7 @@ def run_statement(alias: str, operation: Callable[[], T]) -> T:
         except IntegrityError:
             raise
         except (OperationalError, InterfaceError) as exc:
-            if is_busy(exc):
+            if is_busy(exc) and not _transaction_undone(alias, exc):
                 if busy_until is None:
                     bound = parse_duration(app_settings.BUSY_TIMEOUT, what="BUSY_TIMEOUT")
                     busy_until = time.monotonic() + bound.total_seconds()
@@ -75,6 +75,19 @@ def is_busy(exc: BaseException) -> bool:
     if getattr(cause, "sqlstate", None) in POSTGRES_BUSY:
         return True
     return error_code(exc) in MYSQL_BUSY
+
+
+def _transaction_undone(alias: str, exc: BaseException) -> bool:
+    """Inside a transaction, a busy answer that rolled the transaction back (any error on
+    PostgreSQL, a deadlock on MySQL and MariaDB): not retried. Django refuses any further
+    statement in the block, so a retry would only wait out the backoff and then report
+    that refusal; the caller gets the real reason at once. (A job's first claim runs in
+    such a block: ``history._under_lease``.) A row lock's wait timeout and SQLite's
+    "database is locked" undo only the statement, which may be retried."""
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        return False
+    return connection.vendor == "postgresql" or error_code(exc) == 1213
 
 
 def error_code(exc: BaseException) -> Any:
