@@ -190,6 +190,9 @@ def _under_lease(lock: Lock) -> Iterator[None]:
     (the first-run gap found by the protocol's model, docs/model.md). Later claims need
     none of this: the next holder records every slot after the latest row before its own,
     so a stale write of an older slot meets a row and changes nothing.
+
+    A failure after the renewal rolls it back with the rows, while the lock's local
+    deadline has moved on: the caller (``Run.start``) releases the lock at once then.
     """
     with transaction.atomic(using=lock.using):
         lock.renew()
