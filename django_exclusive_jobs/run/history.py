@@ -343,9 +343,9 @@ def _insert(
     values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
 
     def create() -> JobRun:
-        if not connections[lock.using].in_atomic_block:
-            return runs.create(name=name, slot=slot, attempt=attempt, **values)
-        with transaction.atomic(using=lock.using):  # a savepoint: the look below may follow
+        # In a transaction (a first claim), a savepoint: the look below may follow.
+        inside = connections[lock.using].in_atomic_block
+        with transaction.atomic(using=lock.using) if inside else nullcontext():
             return runs.create(name=name, slot=slot, attempt=attempt, **values)
 
     try:
