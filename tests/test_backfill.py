@@ -35,8 +35,11 @@ NAME = "backfill_hourly"
 
 
 def hours_ago(alias: str, hours: int) -> dt.datetime:
-    """The hourly slot ``hours`` before the current one (UTC)."""
-    return Every(period=HOUR).slot_at(database_now(alias)) - hours * HOUR
+    """The hourly slot ``hours`` before the latest one at or before the database's now
+    (UTC): the one a backfill ends at by default. Not ``slot_at``, which in the last
+    SLOT_TOLERANCE before the hour already names the coming slot, one in the future."""
+    latest, _ = Every(period=HOUR).latest_at_or_before(database_now(alias))
+    return latest - hours * HOUR
 
 
 def record(alias: str, slot: dt.datetime, status: str, attempt: int = 1, name: str = NAME) -> None:
