@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.proxy import TcpProxy
 from django_exclusive_jobs import try_acquire
 from django_exclusive_jobs.models import JobLock, JobRun, Scheduler
 
 from .helpers import reaped
 from .test_command import ROOT, command_env, marker, wait_for
-from .test_faults import TcpProxy, proxied_env, proxy, server_alias
+from .test_faults import proxied_env, proxy, server_alias
 from .test_scheduler import (
     assert_every_slot_once,
     executions,

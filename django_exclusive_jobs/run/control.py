@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Q
 
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
@@ -52,7 +51,7 @@ def pause(
     until: dt.datetime | None = None,
 ) -> None:
     """Pause ``name`` on every server until :func:`resume`, or until ``until`` (database
-    time: the pause then ends by itself, see ``JobState.paused_now``), saying why."""
+    time: the pause then ends by itself, see ``models.paused_at``), saying why."""
     from ..models import JobChange, JobState
 
     values = {
@@ -92,10 +91,9 @@ def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
 
 def _paused(name: str, using: str) -> Any:
     """``name``'s row while paused now: a pause past its end is over (database time)."""
-    from ..models import JobState
+    from ..models import JobState, paused_at
 
-    in_force = Q(paused_until__isnull=True) | Q(paused_until__gt=DatabaseNow())
-    return JobState.objects.using(using).filter(in_force, name=name, paused=True)
+    return JobState.objects.using(using).filter(paused_at(DatabaseNow()), name=name)
 
 
 def pause_after_failures(name: str, failures: int, *, using: str) -> bool:

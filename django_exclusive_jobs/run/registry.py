@@ -104,6 +104,19 @@ class Job:
         return parse_duration(timeout, what="timeout").total_seconds()
 
     @property
+    def buffers(self) -> bool:
+        """Its ``overlap`` runs a slot that came during a run, after it (``"buffer_one"``,
+        ``"buffer_all"``, ``"cancel_other"``), rather than skip it or run it alongside."""
+        return self.overlap not in ("skip", "allow_all")
+
+    @property
+    def rechecks(self) -> bool:
+        """A scheduler looks again at a slot another server claimed or holds, rather
+        than wait for the next slot: that run may fail and be retried (``retries``), or
+        the slots that come during it are run (:attr:`buffers`)."""
+        return bool(self.retries) or self.buffers
+
+    @property
     def retry(self) -> Retries:
         """When a slot's unsuccessful attempt is run again (see ``run/retries.py``)."""
         return Retries(self.retries, self.retry_backoff, self.schedule)

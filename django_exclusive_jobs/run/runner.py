@@ -215,7 +215,7 @@ class Run:
         (``"buffer_one"``, ``"buffer_all"``, ``"cancel_other"``) ended after its
         schedule's next slot: that slot is to run now, after it."""
         job, lock, result = self.job, self.lock, self._finished
-        if job.overlap in ("skip", "allow_all") or job.schedule is None or self.slot is None:
+        if not job.buffers or job.schedule is None or self.slot is None:
             return False
         if self.backfilled:
             return False

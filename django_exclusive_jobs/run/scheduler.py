@@ -386,7 +386,7 @@ class Scheduler:
             job = self.jobs[name]
             head, _, again = heads[name]
             at_work = head != name and head in claimed
-            if (name in claimed or at_work) and not _rechecks(job):
+            if (name in claimed or at_work) and not job.rechecks:
                 if name not in claimed and again is not None:
                     self.handed[name], self.due[name] = due, again
                     self.heads[name] = (name, slots[name], None)
@@ -624,7 +624,7 @@ class Scheduler:
         if result.retry_at is not None:
             return min(max(result.retry_at, now), following)
         until = result.held_until
-        if _rechecks(job) and until is not None and until < following:
+        if job.rechecks and until is not None and until < following:
             return max(until, now) + dt.timedelta(milliseconds=100)
         return following
 
@@ -699,13 +699,6 @@ class Scheduler:
         scheduler."""
         said.fields.setdefault("scheduler", self.name)
         logs.say(self.report, said, normal=normal)
-
-
-def _rechecks(job: Job) -> bool:
-    """Whether ``job`` looks again at a slot another server claimed or holds, rather
-    than wait for its next slot: with ``retries`` (that run may fail and be retried) or
-    a buffering ``overlap`` (the slots that came during it are run)."""
-    return bool(job.retries) or job.overlap not in ("skip", "allow_all")
 
 
 def _beat_seconds() -> float:
