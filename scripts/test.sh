@@ -14,4 +14,5 @@ ensure_venv dev
 
 # Two workers (pytest-xdist), each with databases of its own: most tests wait on slots
 # and leases, not on the CPU. TEST_WORKERS=0 runs everything in this one process.
-exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" "$@"
+# The slowest tests are listed at the end: CI's time is kept under watch.
+exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --durations=30 "$@"

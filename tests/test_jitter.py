@@ -192,7 +192,8 @@ def test_run_exclusive_waits_for_the_slots_start_then_serves_the_slot(
 def test_sigterm_while_waiting_for_the_start_exits_143_and_takes_nothing(
     alias: str, marker: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
-    every, jitter, _slot, fire = aligned(alias, wait=3)
+    # Room for a slow start of the command (a loaded machine) before the slot's start.
+    every, jitter, _slot, fire = aligned(alias, wait=6)
     sleep_until(alias, fire)
     process = subprocess.Popen(
         argv(alias, "jittery", "--every", every, "--jitter", jitter),

@@ -56,9 +56,12 @@
  *    P = 1 tick apart, the clock stops at MAXT. Real margins are ttl/20 and renewals
  *    come every ttl/3; only the order of these moments matters here.
  *  - min_hold = 0 (a release ends the lease at once): scheduled jobs rely on slots.
- *    catch_up="latest" and overlap="skip" only: no retries (attempt is always 1), no
- *    other catch_up or overlap policy, no run now, backfill, operator pause,
- *    override, jitter or overlap="allow_all" (slot locks).
+ *    catch_up="latest" only, and overlap="skip" (BUFFER=0) or "buffer_one" and
+ *    "cancel_other" (BUFFER=1: their claims plan alike; cancel_other's request that
+ *    the running job stop is a job that ends early, which the model already lets any
+ *    job do): no retries (attempt is always 1), no other catch_up policy, no run now,
+ *    backfill, operator pause, override, jitter, overlap="buffer_all", or
+ *    overlap="allow_all" (slot locks: each slot a lock of its own).
  *  - close_abandoned (an older token's running row marked lost) is left out: the plan
  *    reads a running row and a lost row with no end alike. So is the read after a
  *    take that did not win (it names the holder for the log line), and the
@@ -87,6 +90,9 @@
  *  MUTANT_NO_WATCHDOG                 keep-alive without its watchdog: renewals that
  *                                     get no answer leave the job running past its
  *                                     lease: refuted by (f)
+ *  REACH_BUFFERED (not a mutant)      with BUFFER=1: an assertion that a buffered slot
+ *                                     never starts, which spin must refute (the
+ *                                     model does reach buffer_one's runs)
  *  MUTANT_FIRST_UNGUARDED             a job's first claim inserts without renewing its
  *                                     lease in the same transaction (before the fix of
  *                                     the first-run gap): refuted by (d)
@@ -120,6 +126,9 @@
 #endif
 #ifndef FORCE
 #define FORCE 1         /* operator force-releases, in all */
+#endif
+#ifndef BUFFER
+#define BUFFER 0        /* overlap: 0 "skip"; 1 "buffer_one" and "cancel_other" */
 #endif
 #ifndef DISTURBANCES
 #define DISTURBANCES (FAULTS + FORCE) /* crashes, pauses and force-releases, in all */
@@ -344,14 +353,15 @@ inline RELEASE() {
    or LockLost before it started), which record_end writes; history._ran reads the run's
    end as started_at + duration, not finished_at (when the end was written, after the
    release). _started is set just after the claim's insert: the model counts the
-   duration from the insert's tick (began), and the end is this tick. catchup._overran:
-   the run lasted its interval or more; then the slots that began in (started_at,
-   started_at + duration] came during it (catchup.plan, overlap="skip"). (Inside a
-   d_step.) */
+   duration from the insert's tick (began), and the end is this tick. The slots after
+   the one it ran that began in (started_at, started_at + duration] came during it
+   (catchup.plan); under overlap="skip" only if the run lasted its interval or more
+   (catchup._overran: else they came during it because it began late, and are
+   catch_up's). (Inside a d_step.) */
 inline RAN() {
     if
-    :: dbnow - began >= P ->
-        k = cur + 1;
+    :: BUFFER || dbnow - began >= P ->
+        k = serve + 1;
         do
         :: k < NK && k*P <= dbnow ->
             if :: k*P > began -> during = during | (1 << k) :: else fi; k++
@@ -372,11 +382,12 @@ inline RAN() {
 proctype Server(byte me) {
     byte left = STARTS;      /* triggers this server may still fire */
     byte j;                  /* the job this start is for */
-    byte cur;                /* the slot it serves: slot_at(lock.acquired_at) */
+    byte cur;                /* the current slot: slot_at(lock.acquired_at) */
+    byte serve;              /* the slot it runs: plan.run (cur, or one buffered) */
     byte latest;             /* history.py claim: the newest slot <= cur with a row */
     byte missed, skipped;    /* catchup.plan: bit k = slot k */
     byte owe;                /* (d): the slots this claim passes, owed a row once it is through */
-    bit runs;                /* catchup.plan: plan.run == cur */
+    bit runs;                /* catchup.plan: plan.run is a slot (serve) */
     bit first;               /* no row at or before cur: the job's first claim */
     byte began;              /* the run row's started_at */
     byte during;             /* the slots that began during the run (history._ran), bit k */
@@ -403,10 +414,10 @@ endidle:
 
     /* history.py claim: SELECT ... FROM jobrun WHERE name = j AND slot <= cur
        ORDER BY slot DESC, attempt DESC LIMIT 1; then catchup.plan (catch_up="latest",
-       overlap="skip") decides locally what is missed, skipped and run */
+       the overlap BUFFER says) decides locally what is missed, skipped and run */
     atomic { ACTIVE(me) ->
         d_step {
-            latest = NOBODY; k = cur + 1;
+            latest = NOBODY; k = cur + 1; serve = cur;
             do
             :: k > 0 && latest == NOBODY -> k--; if :: ROW(j, k) != NONE -> latest = k :: else fi
             :: else -> break
@@ -436,9 +447,21 @@ endidle:
                     k++
                 :: else -> break
                 od;
+#if BUFFER
+                /* buffer_one, cancel_other: of the slots that came during the run, the
+                   newest runs now (plan.run: the oldest runnable), before cur (plan.more);
+                   the others are skipped */
+                if
+                :: skipped != 0 ->
+                    k = cur;
+                    do :: !(skipped & (1 << k)) -> k-- :: else -> break od;
+                    skipped = skipped & ~(1 << k); serve = k; runs = 1
+                :: else
+                fi;
+#endif
                 owe = (missed | skipped) & ((1 << cur) - 1);
-                printf("MSC: t=%d S%d claim job%d slot %d: newest row: slot %d; to record missed %d, skipped %d (bit masks); run %d\n",
-                       dbnow, me, j, cur, latest, missed, skipped, runs)
+                printf("MSC: t=%d S%d claim job%d slot %d: newest row: slot %d; to record missed %d, skipped %d (bit masks); run %d (slot %d)\n",
+                       dbnow, me, j, cur, latest, missed, skipped, runs, serve)
             fi;
             latest = 0; k = 0
         };
@@ -485,7 +508,7 @@ endidle:
     :: else
     fi;
 
-    /* history.py _insert: runs.create(name=j, slot=cur, attempt=1, token=mine,
+    /* history.py _insert: runs.create(name=j, slot=serve, attempt=1, token=mine,
        started_at=now): INSERT INTO jobrun ...; the unique (name, slot, attempt) refuses
        a second row, and the IntegrityError returns the row found: not ours (is_ours)
        -> skipped.
@@ -519,13 +542,13 @@ endidle:
 #ifdef MUTANT_CLAIM_NOT_UNIQUE
                 if :: true ->
 #else
-                if :: ROW(j, cur) == NONE ->
+                if :: ROW(j, serve) == NONE ->
 #endif
-                    ROW(j, cur) = RUNNING; began = dbnow; runs = 1;
-                    printf("MSC: t=%d S%d insert run job%d slot %d: ours\n", dbnow, me, j, cur)
+                    ROW(j, serve) = RUNNING; began = dbnow; runs = 1;
+                    printf("MSC: t=%d S%d insert run job%d slot %d: ours\n", dbnow, me, j, serve)
                 :: else ->
                     printf("MSC: t=%d S%d insert run job%d slot %d: unique violation, the row is not ours: skip\n",
-                           dbnow, me, j, cur)
+                           dbnow, me, j, serve)
                 fi
             fi;
             first = 0;
@@ -544,9 +567,13 @@ endidle:
             goto finish
         :: else ->
             d_step {
-                starts[j*NK + cur]++;
-                printf("MSC: t=%d S%d STARTS job%d slot %d (token %d)\n", dbnow, me, j, cur, token[me]);
-                PROP(starts[j*NK + cur] <= 1, "MSC: VIOLATED (c): a slot started twice\n") }
+                starts[j*NK + serve]++;
+                printf("MSC: t=%d S%d STARTS job%d slot %d (token %d)\n", dbnow, me, j, serve, token[me]);
+#ifdef REACH_BUFFERED
+                /* not a property: a check that the model reaches a buffered run at all */
+                PROP(serve == cur, "MSC: REACHED: a slot that came during a run starts after it\n");
+#endif
+                PROP(starts[j*NK + serve] <= 1, "MSC: VIOLATED (c): a slot started twice\n") }
         fi }
 
     /* the job's code: at most one write through the fenced resource, then it returns
@@ -581,15 +608,15 @@ record:
        started_at + duration) was fixed when the job ended (RAN), not now. */
     atomic { ACTIVE(me) ->
         d_step {
-            ROW(j, cur) = ENDED; rduring[j*NK + cur] = during;
-            printf("MSC: t=%d S%d record_end job%d slot %d\n", dbnow, me, j, cur);
+            ROW(j, serve) = ENDED; rduring[j*NK + serve] = during;
+            printf("MSC: t=%d S%d record_end job%d slot %d\n", dbnow, me, j, serve);
             INVARIANTS;
-            j = 0; cur = 0; during = 0 };
+            j = 0; cur = 0; serve = 0; during = 0 };
         goto endidle }
 
 release:
     /* runner.py Run.start: skipped after the take -> lock.release() */
-    atomic { ACTIVE(me) -> d_step { RELEASE(); j = 0; cur = 0 }; goto endidle }
+    atomic { ACTIVE(me) -> d_step { RELEASE(); j = 0; cur = 0; serve = 0 }; goto endidle }
 } unless { crashed[me] }
 }
 
