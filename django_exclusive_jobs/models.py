@@ -678,7 +678,7 @@ class Scheduler(models.Model):
         return name in (self.jobs or [])
 
 
-def paused_at(now: dt.datetime | DatabaseNow) -> Q:
+def pause_in_force(now: dt.datetime | DatabaseNow) -> Q:
     """The one rule for "paused" at ``now`` (database time: a value, or ``DatabaseNow()``
     in a query), as a filter on JobState: a pause with an end is over from then.
     :meth:`JobState.paused_now` applies it to a row already read."""
@@ -755,7 +755,7 @@ class JobState(models.Model):
         return str(self.name)
 
     def paused_now(self, now: dt.datetime) -> bool:
-        """Paused at ``now`` (database time): :func:`paused_at`, on this row."""
+        """Paused at ``now`` (database time): :func:`pause_in_force`, on this row."""
         return self.paused and (self.paused_until is None or now < self.paused_until)
 
     def why_paused(self) -> str:

@@ -215,6 +215,59 @@ def test_a_first_claim_stalled_past_its_lease_leaves_no_slot_without_a_row(alias
     )
 
 
+def test_a_claim_that_fails_between_its_writes_leaves_none_of_its_rows(alias: str) -> None:
+    """A claim that records a slot missed and an older one skipped writes them (and its
+    run) together: failing between them leaves none, not the newer slot's row without
+    the older's (the next claim looks only after the newest row, so the older slot
+    would never get one; found by the protocol's model with four slots)."""
+    from django.db import connections
+
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.run.schedules import Every
+
+    name = "hist-writes-together"
+    day = dt.timedelta(days=1)
+    calls: list[int] = []
+
+    @exclusive_job(name, using=alias, every="1d", overlap="skip")
+    def job() -> None:
+        calls.append(1)
+
+    current = Every(period=day).slot_at(database_now(alias))
+    # The run of the slot three days ago lasted a day and a half: the next slot came
+    # during it (skipped), the one after did not (missed), and today's runs.
+    ran = current - 3 * day
+    JobRun.objects.using(alias).create(
+        name=name,
+        slot=ran,
+        status=RunStatus.SUCCEEDED,
+        token=1,
+        started_at=ran,
+        finished_at=ran + 1.5 * day,
+        duration=1.5 * day.total_seconds(),
+    )
+
+    def fail_the_skipped_rows(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.lstrip().upper().startswith("INSERT") and RunStatus.SKIPPED in list(params or []):
+            raise RuntimeError("the server died here")
+        return execute(sql, params, many, context)
+
+    with connections[alias].execute_wrapper(fail_the_skipped_rows), pytest.raises(RuntimeError):
+        job()
+    assert calls == []
+    rows = JobRun.objects.using(alias).filter(name=name)
+    assert sorted(rows.values_list("slot", flat=True)) == [ran], "a claim's rows came apart"
+    # The next start writes them all.
+    job()
+    assert calls == [1]
+    assert sorted(rows.values_list("slot", "status")) == [
+        (ran, RunStatus.SUCCEEDED),
+        (current - 2 * day, RunStatus.SKIPPED),
+        (current - day, RunStatus.MISSED),
+        (current, RunStatus.SUCCEEDED),
+    ]
+
+
 def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:
     with other_holder(alias) as other:
         dead_token = other.try_acquire("hist-crash", ttl=30)

@@ -51,7 +51,7 @@ def pause(
     until: dt.datetime | None = None,
 ) -> None:
     """Pause ``name`` on every server until :func:`resume`, or until ``until`` (database
-    time: the pause then ends by itself, see ``models.paused_at``), saying why."""
+    time: the pause then ends by itself, see ``models.pause_in_force``), saying why."""
     from ..models import JobChange, JobState
 
     values = {
@@ -91,9 +91,9 @@ def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
 
 def _paused(name: str, using: str) -> Any:
     """``name``'s row while paused now: a pause past its end is over (database time)."""
-    from ..models import JobState, paused_at
+    from ..models import JobState, pause_in_force
 
-    return JobState.objects.using(using).filter(paused_at(DatabaseNow()), name=name)
+    return JobState.objects.using(using).filter(pause_in_force(DatabaseNow()), name=name)
 
 
 def pause_after_failures(name: str, failures: int, *, using: str) -> bool:

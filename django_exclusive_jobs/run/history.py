@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -156,8 +156,10 @@ def claim(
             start_of=start_of,
         )
         missed = replaced + plan.missed  # the old schedule's, then the new one's
-        record_missed(lock, name, missed, arguments)
-        _record_skipped(lock, name, plan.skipped, latest, arguments)
+        with _together(lock, several=bool(missed or plan.skipped)):
+            record_missed(lock, name, missed, arguments)
+            _record_skipped(lock, name, plan.skipped, latest, arguments)
+            run = None if plan.run is None else _insert(lock, name, plan.run, arguments)
         if plan.run is None:
             late = missed[-1].isoformat() if missed else "?"
             policy = (catch_up or CatchUp()).policy
@@ -175,8 +177,20 @@ def claim(
             elif not missed:
                 why = "its slot fell in its last pause"
             return Claim(None, None, missed, why=why, skipped=plan.skipped)
-        run = _insert(lock, name, plan.run, arguments)
         return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped)
+
+
+def _together(lock: Lock, *, several: bool) -> AbstractContextManager[Any]:
+    """A claim's rows (missed, skipped, its run), in one transaction when there are
+    several statements of them. Their slots are not written in order (a missed slot can
+    be newer than a skipped one, or than a buffered slot the claim runs): a start that
+    died between two of them would leave an older slot without a row after a newer one
+    with a row, for ever, since the next claim looks only after the newest row (found by
+    the protocol's model, docs/model.md). One insert alone needs no transaction; inside
+    a first claim's (:func:`_under_lease`) this adds nothing."""
+    if not several:
+        return nullcontext()
+    return transaction.atomic(using=lock.using, savepoint=False)
 
 
 @contextmanager

@@ -77,8 +77,9 @@
  *    not modelled.
  *  - Bounds: see below and scripts/model.sh, which checks several bounds: 3 servers
  *    and 2 jobs without faults; 3 servers, 1 job, a crash or a pause and a
- *    force-release; 2 servers starting twice each with a fault; and (--long) 3
- *    servers, 2 jobs and one crash, pause or force-release in all (DISTURBANCES).
+ *    force-release; 2 servers starting twice each with a fault, with 3 slots and with
+ *    4 (NK=4: a missed slot newer than a skipped one); and (--long) 3 servers, 2 jobs
+ *    and one crash, pause or force-release in all (DISTURBANCES).
  *
  * Mutants (spin -DMUTANT_...; scripts/model.sh requires a counterexample for each):
  *  MUTANT_TAKE_IGNORES_EXPIRY         the take without "AND (expires_at IS NULL OR
@@ -90,12 +91,16 @@
  *  MUTANT_NO_WATCHDOG                 keep-alive without its watchdog: renewals that
  *                                     get no answer leave the job running past its
  *                                     lease: refuted by (f)
- *  REACH_BUFFERED (not a mutant)      with BUFFER=1: an assertion that a buffered slot
- *                                     never starts, which spin must refute (the
- *                                     model does reach buffer_one's runs)
  *  MUTANT_FIRST_UNGUARDED             a job's first claim inserts without renewing its
  *                                     lease in the same transaction (before the fix of
  *                                     the first-run gap): refuted by (d)
+ *  MUTANT_CLAIM_WRITES_APART          a claim's missed rows, skipped rows and run row
+ *                                     each in a statement of its own (before the fix):
+ *                                     refuted by (d) with four slots
+ * Not a mutant:
+ *  REACH_BUFFERED                     with BUFFER=1: an assertion that a buffered slot
+ *                                     never starts, which spin must refute (the
+ *                                     model does reach buffer_one's runs)
  */
 
 /* ---- bounds ---------------------------------------------------------------------- */
@@ -106,7 +111,7 @@
 #define NJ 2            /* jobs (1 or 2) */
 #endif
 #ifndef NK
-#define NK 3            /* slots per job: slot k begins at tick k*P */
+#define NK 3            /* slots per job (3 or 4): slot k begins at tick k*P */
 #endif
 #ifndef P
 #define P 1             /* ticks per slot (the job's interval) */
@@ -219,8 +224,10 @@ byte forces = FORCE;
 #endif
 #if NK == 2
 #define FORALL_K(F, j) (F(j, 0) && F(j, 1))
-#else
+#elif NK == 3
 #define FORALL_K(F, j) (F(j, 0) && F(j, 1) && F(j, 2))
+#else
+#define FORALL_K(F, j) (F(j, 0) && F(j, 1) && F(j, 2) && F(j, 3))
 #endif
 
 /* (a) for job j, at most one server holding it with a valid lease */
@@ -230,11 +237,15 @@ byte forces = FORCE;
 #define PAID(j, k) (!(owed[j] & (1 << (k))) || ROW(j, k) != NONE)
 #define ALL_PAID(j) FORALL_K(PAID, j)
 /* (d) no slot without a row between two slots with a row: between the job's first row
-   and a slot a claim passed (a row at slot k means a claim for slot k went through:
-   missed and skipped rows are of slots before the claim's, its run row of its own).
-   NK = 3: slot 1 is the only slot that can be between. */
+   and a slot a claim passed (a row at slot k means a claim for slot k or a later one
+   went through: missed and skipped rows are of slots before the claim's, its run row
+   of its own or, buffered, of one before it). */
+#define HAS(j, k) (ROW(j, k) != NONE)
 #if NK == 3
-#define NO_GAP(j) (!(ROW(j, 0) != NONE && ROW(j, 1) == NONE && ROW(j, 2) != NONE))
+#define NO_GAP(j) (!(HAS(j, 0) && !HAS(j, 1) && HAS(j, 2)))
+#elif NK == 4
+#define NO_GAP(j) (!(HAS(j, 0) && !HAS(j, 1) && (HAS(j, 2) || HAS(j, 3))) \
+                   && !((HAS(j, 0) || HAS(j, 1)) && !HAS(j, 2) && HAS(j, 3)))
 #else
 #define NO_GAP(j) 1
 #endif
@@ -372,6 +383,41 @@ inline RAN() {
     k = 0; began = 0
 }
 
+/* history.py record_missed -> _record_slots: bulk_create(rows, ignore_conflicts=True):
+   INSERT INTO jobrun ... status missed ... ON CONFLICT DO NOTHING (only when any).
+   (Inside a d_step.) */
+inline RECORD_MISSED() {
+    if
+    :: missed != 0 ->
+        k = 0;
+        do
+        :: k < NK -> if :: (missed & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = MISSED
+                        :: else fi; k++
+        :: else -> break
+        od;
+        printf("MSC: t=%d S%d record_missed job%d slots %d (bit mask)\n", dbnow, me, j, missed);
+        k = 0; missed = 0
+    :: else
+    fi
+}
+
+/* history.py _record_skipped -> _record_slots: the same INSERT, status skipped.
+   (Inside a d_step.) */
+inline RECORD_SKIPPED() {
+    if
+    :: skipped != 0 ->
+        k = 0;
+        do
+        :: k < NK -> if :: (skipped & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = SKIPPED
+                        :: else fi; k++
+        :: else -> break
+        od;
+        printf("MSC: t=%d S%d record_skipped job%d slots %d (bit mask)\n", dbnow, me, j, skipped);
+        k = 0; skipped = 0
+    :: else
+    fi
+}
+
 /* Symmetry: servers are alike, and so are jobs; every run of the model is a run in
    which server 0 fires first, then server 1, then server 2, and job 0 is taken before
    job 1 is ever tried, once servers and jobs are renamed in that order. Only those
@@ -459,7 +505,8 @@ endidle:
                 :: else
                 fi;
 #endif
-                owe = (missed | skipped) & ((1 << cur) - 1);
+                /* the buffered slot (serve < cur) too: its row is the run's own */
+                owe = (missed | skipped | (1 << serve)) & ((1 << cur) - 1);
                 printf("MSC: t=%d S%d claim job%d slot %d: newest row: slot %d; to record missed %d, skipped %d (bit masks); run %d (slot %d)\n",
                        dbnow, me, j, cur, latest, missed, skipped, runs, serve)
             fi;
@@ -468,43 +515,31 @@ endidle:
         /* the slot has a row already (nothing else to do) */
         if :: !runs && missed == 0 && skipped == 0 -> goto release :: else fi }
 
-    /* history.py record_missed -> _record_slots: bulk_create(rows, ignore_conflicts=True):
-       INSERT INTO jobrun ... status missed ... ON CONFLICT DO NOTHING (only when any) */
+    /* history.py claim -> _together: a claim's rows (missed, skipped, its run) are
+       written in one transaction when there are several statements of them: here the
+       record_missed and _record_skipped below, and the insert further down, are one
+       step. MUTANT_CLAIM_WRITES_APART: each its own statement, as before the fix (a
+       missed slot can be newer than a skipped or buffered one). */
+#ifdef MUTANT_CLAIM_WRITES_APART
     if
-    :: missed != 0 ->
-        d_step { ACTIVE(me) ->
-            k = 0;
-            do
-            :: k < NK -> if :: (missed & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = MISSED
-                            :: else fi; k++
-            :: else -> break
-            od;
-            printf("MSC: t=%d S%d record_missed job%d slots %d (bit mask)\n", dbnow, me, j, missed);
-            k = 0; missed = 0;
-            if :: !runs && skipped == 0 -> PASS() :: else fi;
-            INVARIANTS }
+    :: missed != 0 -> d_step { ACTIVE(me) -> RECORD_MISSED();
+                               if :: !runs && skipped == 0 -> PASS() :: else fi; INVARIANTS }
     :: else
     fi;
-
-    /* history.py _record_skipped -> _record_slots: the same INSERT, status skipped */
     if
-    :: skipped != 0 ->
-        d_step { ACTIVE(me) ->
-            k = 0;
-            do
-            :: k < NK -> if :: (skipped & (1 << k)) && ROW(j, k) == NONE -> ROW(j, k) = SKIPPED
-                            :: else fi; k++
-            :: else -> break
-            od;
-            printf("MSC: t=%d S%d record_skipped job%d slots %d (bit mask)\n", dbnow, me, j, skipped);
-            k = 0; skipped = 0;
-            if :: !runs -> PASS() :: else fi;
-            INVARIANTS }
+    :: skipped != 0 -> d_step { ACTIVE(me) -> RECORD_SKIPPED();
+                                if :: !runs -> PASS() :: else fi; INVARIANTS }
     :: else
     fi;
-
+#endif
     if
-    :: !runs -> goto release   /* Claim(None): nothing runs now -> skipped */
+    :: !runs ->   /* Claim(None): nothing runs now -> skipped; the rows in one step */
+        if
+        :: missed != 0 || skipped != 0 ->
+            d_step { ACTIVE(me) -> RECORD_MISSED(); RECORD_SKIPPED(); PASS(); INVARIANTS }
+        :: else
+        fi;
+        goto release
     :: else
     fi;
 
@@ -526,7 +561,7 @@ endidle:
             runs = 0;
             if
             :: UNDER_LEASE && !RENEWS(me, j) ->
-                lost[me] = 1;
+                lost[me] = 1; missed = 0; skipped = 0;  /* rolled back with the rest */
                 printf("MSC: t=%d S%d claim job%d: renew token %d in the insert's transaction: no row back: LockLost, nothing written\n",
                        dbnow, me, j, token[me])
             :: else ->
@@ -538,6 +573,7 @@ endidle:
                            dbnow, me, j, token[me], dbnow + TTL)
                 :: else
                 fi;
+                RECORD_MISSED(); RECORD_SKIPPED();  /* _together: one transaction */
                 PASS();
 #ifdef MUTANT_CLAIM_NOT_UNIQUE
                 if :: true ->
