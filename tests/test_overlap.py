@@ -182,7 +182,10 @@ def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
     first = rows[0]
     assert first.status == "succeeded" and first.duration is not None and first.duration >= 5
     assert first.finished_at is not None
-    during = [row for row in rows[1:] if row.slot is not None and row.slot <= first.finished_at]
+    # The run's end as the claim reads it (history._ran): its own duration, not when the
+    # end was written, after the release (a slot between the two is after the run).
+    ended = first.started_at + dt.timedelta(seconds=first.duration)
+    during = [row for row in rows[1:] if row.slot is not None and row.slot <= ended]
     assert len(during) >= 2, "the first run should have outlasted two slots"
     statuses = [row.status for row in during]
     if overlap == "skip":
@@ -190,7 +193,7 @@ def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
         assert all("Overlap: the run of slot" in row.error for row in during)
     elif overlap == "buffer_one":
         assert statuses == ["skipped"] * (len(during) - 1) + ["succeeded"]
-        assert during[-1].started_at >= first.finished_at
+        assert during[-1].started_at >= ended
     else:
         assert statuses == ["succeeded"] * len(during)
     assert not [row for row in rows if row.status in ("missed", "failed", "lost")]
