@@ -27,6 +27,9 @@ CHECKS=(
     "buffer-restarts|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DBUFFER=1"
     "slots|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DNK=4"
     "buffer-slots|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DBUFFER=1 -DNK=4"
+    "allow-all-faults|holds|-DNS=3 -DNJ=1 -DSTARTS=1 -DFAULTS=1 -DFORCE=1 -DDISTURBANCES=1 -DALLOW_ALL=1"
+    "allow-all-restarts|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DALLOW_ALL=1"
+    "allow-all-slots|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DALLOW_ALL=1 -DNK=4"
     "buffered-reached|refuted|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=0 -DFORCE=0 -DBUFFER=1 -DREACH_BUFFERED"
     "take-ignores-expiry|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_TAKE_IGNORES_EXPIRY"
     "release-not-holder-checked|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_RELEASE_NOT_HOLDER_CHECKED"
@@ -34,6 +37,7 @@ CHECKS=(
     "no-watchdog|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_NO_WATCHDOG"
     "claim-writes-apart|refuted|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DNK=4 -DMUTANT_CLAIM_WRITES_APART"
     "first-run-unguarded|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_FIRST_UNGUARDED"
+    "slots-out-of-turn|refuted|-DNS=2 -DNJ=1 -DSTARTS=1 -DFAULTS=0 -DFORCE=0 -DALLOW_ALL=1 -DMUTANT_SLOTS_OUT_OF_TURN"
 )
 LONG=(
     "jobs-faults|holds|-DNS=3 -DNJ=2 -DSTARTS=1 -DFAULTS=1 -DFORCE=1 -DDISTURBANCES=1"

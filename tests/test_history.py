@@ -215,6 +215,45 @@ def test_a_first_claim_stalled_past_its_lease_leaves_no_slot_without_a_row(alias
     )
 
 
+def test_first_claims_of_two_slots_under_allow_all_take_turns(alias: str) -> None:
+    """Under overlap="allow_all" each slot has a lock of its own, so holding the lease
+    puts nothing in turn: a first claim that looked (no row yet) and stalled while a
+    later slot's first claim ran must find that run and write nothing, or the slot
+    between would be left without a row (found by the protocol's model, docs/model.md)."""
+    import time
+
+    from django.db import connections
+
+    name = "hist-first-slots"
+    options = {"every": "1s", "ttl": 30, "keepalive": False, "overlap": "allow_all"}
+    calls: list[int] = []
+
+    @exclusive_job(name, using=alias, **options)
+    def job() -> None:
+        calls.append(1)
+
+    stalled: list[float] = []
+
+    def stall_after_the_look(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        upper = sql.upper()
+        look = upper.lstrip().startswith("SELECT") and "DESC" in upper and "LIMIT" in upper
+        if look and "JOBRUN" in upper and not stalled:  # the claim's look at the history
+            stalled.append(time.monotonic())
+            time.sleep(2.2)  # into the slot two after ours: its own lock is free
+            with other_holder(alias) as other:
+                other.call("run_job", alias, name, options)
+        return result
+
+    with connections[alias].execute_wrapper(stall_after_the_look):
+        job()
+    assert stalled and calls == []  # our slot is older than the job's first run
+    rows = list(JobRun.objects.using(alias).filter(name=name).order_by("slot"))
+    assert [run.status for run in rows] == [RunStatus.SUCCEEDED]  # the other's run, alone
+    lock = JobLock.objects.using(alias).filter(name__startswith=f"{name}@")
+    assert not [row.name for row in lock if row.released_at is None]  # ours was released
+
+
 def test_a_claim_that_fails_between_its_writes_leaves_none_of_its_rows(alias: str) -> None:
     """A claim that records a slot missed and an older one skipped writes them (and its
     run) together: failing between them leaves none, not the newer slot's row without

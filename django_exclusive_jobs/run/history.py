@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -133,10 +133,16 @@ def claim(
     )
     if latest is not None and latest.slot == current:
         return _again(lock, name, latest, now, retry, arguments)
-    if latest is not None and latest.retry_at is not None:
-        _give_up(lock, latest, current)
-    # The job's first rows are written under its lease (see _under_lease).
-    with nullcontext() if latest is not None else _under_lease(lock):
+    with ExitStack() as first_claim:
+        if latest is None and not side_by_side:  # the job's first rows: under its lease
+            first_claim.enter_context(_under_lease(lock))
+        elif latest is None:  # and in turn with its other slots' first claims
+            latest = first_claim.enter_context(_in_turn(lock, name))
+            if latest is not None and latest.slot is not None and latest.slot >= current:
+                began = latest.slot.isoformat()
+                return Claim(None, why=f"the job's history began after this slot, at {began}")
+        if latest is not None and latest.retry_at is not None:
+            _give_up(lock, latest, current)
         if paused:  # the slot is recorded as paused, once; the slots before it are not missed
             assert state is not None
             why = state.why_paused()
@@ -211,6 +217,34 @@ def _under_lease(lock: Lock) -> Iterator[None]:
     with transaction.atomic(using=lock.using):
         lock.renew()
         yield
+
+
+@contextmanager
+def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
+    """``overlap="allow_all"``: a job's first claim, under its lease (:func:`_under_lease`)
+    and in turn with its other slots' first claims; yields the job's newest row, if one
+    of them came first.
+
+    Each slot has a lock of its own, so the first claims of two slots can both find no
+    row, and the older slot's row land after the newer one's: the slots between would be
+    left without a row (found by the protocol's model, docs/model.md). After the renewal,
+    this locks the job's own lock row until the commit (every first claim of its slots
+    does), then looks again, at every slot: a locking read first, so the look that
+    follows sees what the claim before it committed. (On SQLite the renewal already put
+    the transactions in turn.)
+    """
+    from ..lock.acquire import prepare_locks
+    from ..models import JobLock
+
+    prepare_locks([name], using=lock.using)  # the job's own row exists, to be locked
+
+    def look() -> JobRun | None:
+        list(JobLock.objects.using(lock.using).select_for_update().filter(name=name).values("pk"))
+        slotted = _runs(lock.using).filter(name=name, slot__isnull=False)
+        return slotted.order_by("-slot", "-attempt").first()
+
+    with _under_lease(lock):
+        yield run_statement(lock.using, look)
 
 
 def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:

@@ -6,7 +6,7 @@
  * What runs here: NS servers (up to 3), each firing triggers (a cron line, the
  * scheduler) for NJ jobs (up to 2), each with slots 0..NK-1 (P ticks apart). For each
  * start a server does what Run.start, Run.call and Run.finish do (runner.py): take the
- * job's lease (sql.py "take"), claim the slot (history.py claim: look, record missed
+ * job's lease (sql.py "take"; under ALLOW_ALL the lease of the slot's own lock), claim the slot (history.py claim: look, record missed
  * and skipped slots, insert the run row; a job's first claim renews its lease and
  * inserts in one transaction, history._under_lease), run the job (which may write once
  * to a fenced resource), release (sql.py "release") and record the end (history.py
@@ -59,9 +59,11 @@
  *    catch_up="latest" only, and overlap="skip" (BUFFER=0) or "buffer_one" and
  *    "cancel_other" (BUFFER=1: their claims plan alike; cancel_other's request that
  *    the running job stop is a job that ends early, which the model already lets any
- *    job do): no retries (attempt is always 1), no other catch_up policy, no run now,
- *    backfill, operator pause, override, jitter, overlap="buffer_all", or
- *    overlap="allow_all" (slot locks: each slot a lock of its own).
+ *    job do), or "allow_all" (ALLOW_ALL=1, one job: each slot takes a lock of its own,
+ *    slot_locks.py; no fenced write, since runs of slots that overlap may share a
+ *    token; each slot's lock starts at token 0 here, not above the job's history):
+ *    no retries (attempt is always 1), no other catch_up policy, no run now,
+ *    backfill, operator pause, override, jitter or overlap="buffer_all".
  *  - close_abandoned (an older token's running row marked lost) is left out: the plan
  *    reads a running row and a lost row with no end alike. So is the read after a
  *    take that did not win (it names the holder for the log line), and the
@@ -78,8 +80,9 @@
  *  - Bounds: see below and scripts/model.sh, which checks several bounds: 3 servers
  *    and 2 jobs without faults; 3 servers, 1 job, a crash or a pause and a
  *    force-release; 2 servers starting twice each with a fault, with 3 slots and with
- *    4 (NK=4: a missed slot newer than a skipped one); and (--long) 3 servers, 2 jobs
- *    and one crash, pause or force-release in all (DISTURBANCES).
+ *    4 (NK=4: a missed slot newer than a skipped one); the same under allow_all; and
+ *    (--long) 3 servers, 2 jobs and one crash, pause or force-release in all
+ *    (DISTURBANCES), and allow_all with 4 slots.
  *
  * Mutants (spin -DMUTANT_...; scripts/model.sh requires a counterexample for each):
  *  MUTANT_TAKE_IGNORES_EXPIRY         the take without "AND (expires_at IS NULL OR
@@ -97,6 +100,10 @@
  *  MUTANT_CLAIM_WRITES_APART          a claim's missed rows, skipped rows and run row
  *                                     each in a statement of its own (before the fix):
  *                                     refuted by (d) with four slots
+ *  MUTANT_SLOTS_OUT_OF_TURN           under ALLOW_ALL, first claims of two slots not put
+ *                                     in turn (history._in_turn; before the fix): the
+ *                                     older slot's row lands after the newer one's:
+ *                                     refuted by (d)
  * Not a mutant:
  *  REACH_BUFFERED                     with BUFFER=1: an assertion that a buffered slot
  *                                     never starts, which spin must refute (the
@@ -135,6 +142,14 @@
 #ifndef BUFFER
 #define BUFFER 0        /* overlap: 0 "skip"; 1 "buffer_one" and "cancel_other" */
 #endif
+#ifndef ALLOW_ALL
+#define ALLOW_ALL 0     /* overlap="allow_all": a lock per slot (slot_locks.py) */
+#endif
+#if ALLOW_ALL
+#define NL NK           /* locks: one per slot of the one job (NAME@SLOT) */
+#else
+#define NL NJ           /* locks: one per job (NAME) */
+#endif
 #ifndef DISTURBANCES
 #define DISTURBANCES (FAULTS + FORCE) /* crashes, pauses and force-releases, in all */
 #endif
@@ -155,11 +170,11 @@
 
 /* ---- the database ------------------------------------------------------------------ */
 byte dbnow;                    /* the database's clock: STATEMENT_TIMESTAMP() */
-/* JobLock, one row per job, made free ahead by prepare_locks (token 0, expires_at NULL,
-   which the take treats as a lease that is over: 0 here) */
-byte ltoken[NJ];
-byte lexpires[NJ];
-bit lreleased[NJ];
+/* JobLock, one row per job (under ALLOW_ALL: per slot), made free ahead by prepare_locks
+   (token 0, expires_at NULL, which the take treats as a lease that is over: 0 here) */
+byte ltoken[NL];
+byte lexpires[NL];
+bit lreleased[NL];
 /* JobRun, unique (name, slot, attempt); attempt is always 1 here */
 byte rstatus[NJ*NK];
 /* what history.py _ran and catchup._overran read from an ENDED row (started_at,
@@ -170,7 +185,7 @@ byte rduring[NJ*NK];
 byte fence[NJ];
 
 /* ---- each server's lock, as its process and keep-alive thread see it ---------------- */
-byte job[NS];                  /* the job of its current lock */
+byte lockof[NS];               /* its current lock: its job's (ALLOW_ALL: its slot's) */
 byte token[NS];                /* lock.token */
 byte deadline[NS];             /* lock._deadline: when the lease may end, locally */
 bit holding[NS];               /* from a won take to its release */
@@ -222,6 +237,15 @@ byte forces = FORCE;
 #else
 #define FORALL_J(F) (F(0) && F(1))
 #endif
+#if NL == 1
+#define FORALL_L(F) (F(0))
+#elif NL == 2
+#define FORALL_L(F) (F(0) && F(1))
+#elif NL == 3
+#define FORALL_L(F) (F(0) && F(1) && F(2))
+#else
+#define FORALL_L(F) (F(0) && F(1) && F(2) && F(3))
+#endif
 #if NK == 2
 #define FORALL_K(F, j) (F(j, 0) && F(j, 1))
 #elif NK == 3
@@ -230,8 +254,8 @@ byte forces = FORCE;
 #define FORALL_K(F, j) (F(j, 0) && F(j, 1) && F(j, 2) && F(j, 3))
 #endif
 
-/* (a) for job j, at most one server holding it with a valid lease */
-#define HOLDS_VALID(s, j) (holding[s] && job[s] == (j) && VALID(s))
+/* (a) for lock l, at most one server holding it with a valid lease */
+#define HOLDS_VALID(s, l) (holding[s] && lockof[s] == (l) && VALID(s))
 #define ONE_VALID(j) (COUNT_S(HOLDS_VALID, j) <= 1)
 /* (d) every slot a claim passed after a row before it (owed) has a row */
 #define PAID(j, k) (!(owed[j] & (1 << (k))) || ROW(j, k) != NONE)
@@ -250,7 +274,7 @@ byte forces = FORCE;
 #define NO_GAP(j) 1
 #endif
 /* (b) every take gets a token of its own: no other holder of job j has this one */
-#define OWN_TOKEN(s, me) ((s) == (me) || !holding[s] || job[s] != j || token[s] != token[me])
+#define OWN_TOKEN(s, me) ((s) == (me) || !holding[s] || lockof[s] != l || token[s] != token[me])
 /* (f) the watchdog: a holder neither paused nor force-released since its take, and
    not yet told the lock is lost, has a valid lease */
 #define WATCHED(s, x) (!(holding[s] && !crashed[s] && !lost[s] && !pausedsince[s] \
@@ -260,7 +284,7 @@ byte forces = FORCE;
 #define PROP(cond, text) if :: !(cond) -> printf(text) :: else fi; assert(cond)
 /* The invariants, at the end of each step (inside its d_step) */
 #define INVARIANTS \
-    PROP(FORALL_J(ONE_VALID), "MSC: VIOLATED (a): two servers hold one job with valid leases\n"); \
+    PROP(FORALL_L(ONE_VALID), "MSC: VIOLATED (a): two servers hold one job with valid leases\n"); \
     PROP(FORALL_J(ALL_PAID), "MSC: VIOLATED (d): a slot a claim passed has no row\n"); \
     PROP(FORALL_J(NO_GAP), "MSC: VIOLATED (d): a slot between two slots with a row has none\n"); \
     PROP(FORALL_S(WATCHED, 0), "MSC: VIOLATED (f): a live, unpaused holder runs on past its lease\n")
@@ -295,8 +319,14 @@ end:
         PAST(lease[2]); PAST(deadline[2]);
 #endif
         PAST(lexpires[0]);
-#if NJ > 1
+#if NL > 1
         PAST(lexpires[1]);
+#endif
+#if NL > 2
+        PAST(lexpires[2]);
+#endif
+#if NL > 3
+        PAST(lexpires[3]);
 #endif
         INVARIANTS }
     od
@@ -313,13 +343,14 @@ inline TAKE() {
     d_step {
         if :: left == STARTS -> fired++ :: else fi;
         left--;
+        l = (ALLOW_ALL -> dbnow / P : j);  /* allow_all: the slot's lock, chosen before */
 #ifdef MUTANT_TAKE_IGNORES_EXPIRY
         if :: true ->
 #else
-        if :: lexpires[j] <= dbnow ->
+        if :: lexpires[l] <= dbnow ->
 #endif
-            ltoken[j]++; lexpires[j] = dbnow + TTL; lreleased[j] = 0;
-            job[me] = j; token[me] = ltoken[j]; deadline[me] = dbnow + TTL;
+            ltoken[l]++; lexpires[l] = dbnow + TTL; lreleased[l] = 0;
+            lockof[me] = l; token[me] = ltoken[l]; deadline[me] = dbnow + TTL;
             holding[me] = 1; lease[me] = dbnow + TTL;
             cur = dbnow / P;
             /* (b) every take gets a token of its own: no other server has this one */
@@ -329,8 +360,8 @@ inline TAKE() {
             INVARIANTS
         :: else ->
             printf("MSC: t=%d S%d take job%d: held (token %d, lease to t=%d): skip\n",
-                   dbnow, me, j, ltoken[j], lexpires[j]);
-            j = 0
+                   dbnow, me, j, ltoken[l], lexpires[l]);
+            j = 0; l = 0
         fi
     };
     if :: holding[me] -> break :: else fi
@@ -347,16 +378,16 @@ inline RELEASE() {
 #ifdef MUTANT_RELEASE_NOT_HOLDER_CHECKED
     if :: true ->
 #else
-    if :: ltoken[j] == token[me] && !lreleased[j] ->
+    if :: ltoken[l] == token[me] && !lreleased[l] ->
 #endif
-        lreleased[j] = 1; lexpires[j] = 0 /* = now: PAST */;
+        lreleased[l] = 1; lexpires[l] = 0 /* = now: PAST */;
         printf("MSC: t=%d S%d release job%d token %d: freed\n", dbnow, me, j, token[me])
     :: else ->
         printf("MSC: t=%d S%d release job%d token %d: not ours any more: nothing changed\n",
                dbnow, me, j, token[me])
     fi;
     holding[me] = 0; lease[me] = 0; lost[me] = 0; deadline[me] = 0; token[me] = 0;
-    job[me] = 0; pausedsince[me] = 0; revoked[me] = 0;
+    lockof[me] = 0; pausedsince[me] = 0; revoked[me] = 0;
     INVARIANTS
 }
 
@@ -371,7 +402,8 @@ inline RELEASE() {
    catch_up's). (Inside a d_step.) */
 inline RAN() {
     if
-    :: BUFFER || dbnow - began >= P ->
+    :: ALLOW_ALL -> skip  /* catchup.plan: ran = None, no slot comes "during" a run */
+    :: !ALLOW_ALL && (BUFFER || dbnow - began >= P) ->
         k = serve + 1;
         do
         :: k < NK && k*P <= dbnow ->
@@ -418,6 +450,38 @@ inline RECORD_SKIPPED() {
     fi
 }
 
+/* history.py _in_turn (overlap="allow_all"): a job's first claim, inside the transaction
+   of _under_lease, after the renewal: SELECT ... FROM joblock WHERE name = job FOR UPDATE
+   (the job's own lock row, which every first claim of its slots locks: they go in turn),
+   then SELECT ... FROM jobrun WHERE name = j ORDER BY slot DESC LIMIT 1. A row after
+   cur (or at it): the job's history began after this slot: nothing is written, the
+   start skips. A row before cur: the claim is a later one after all, and plans as one
+   (catch_up="latest": the slots between are missed). Its writes follow in the same
+   transaction, so the look and the writes are one step: first claims are in turn, and
+   no other claim writes a row while no row is committed (a later claim needs a row to
+   find). (Inside a d_step.) */
+inline LOOK_IN_TURN() {
+    latest = NOBODY; k = NK;
+    do
+    :: k > 0 && latest == NOBODY -> k--; if :: ROW(j, k) != NONE -> latest = k :: else fi
+    :: else -> break
+    od;
+    if
+    :: latest == NOBODY -> skip
+    :: latest != NOBODY && latest >= cur ->
+        later = 1;
+        printf("MSC: t=%d S%d claim job%d slot %d in turn: a row at slot %d: the history began after it: skip\n",
+               dbnow, me, j, cur, latest)
+    :: else ->
+        k = latest + 1;
+        do :: k < cur -> missed = missed | (1 << k); k++ :: else -> break od;
+        owe = missed;
+        printf("MSC: t=%d S%d claim job%d slot %d in turn: newest row: slot %d; to record missed %d (bit mask)\n",
+               dbnow, me, j, cur, latest, missed)
+    fi;
+    latest = 0; k = 0
+}
+
 /* Symmetry: servers are alike, and so are jobs; every run of the model is a run in
    which server 0 fires first, then server 1, then server 2, and job 0 is taken before
    job 1 is ever tried, once servers and jobs are renamed in that order. Only those
@@ -428,6 +492,7 @@ inline RECORD_SKIPPED() {
 proctype Server(byte me) {
     byte left = STARTS;      /* triggers this server may still fire */
     byte j;                  /* the job this start is for */
+    byte l;                  /* the lock it takes: its job's (ALLOW_ALL: its slot's) */
     byte cur;                /* the current slot: slot_at(lock.acquired_at) */
     byte serve;              /* the slot it runs: plan.run (cur, or one buffered) */
     byte latest;             /* history.py claim: the newest slot <= cur with a row */
@@ -438,6 +503,7 @@ proctype Server(byte me) {
     byte began;              /* the run row's started_at */
     byte during;             /* the slots that began during the run (history._ran), bit k */
     bit wrote;
+    bit later;               /* _in_turn: a later slot's first claim came first */
     byte k;
 {
 endidle:
@@ -560,25 +626,30 @@ endidle:
         d_step {
             runs = 0;
             if
-            :: UNDER_LEASE && !RENEWS(me, j) ->
+            :: UNDER_LEASE && !RENEWS(me, l) ->
                 lost[me] = 1; missed = 0; skipped = 0;  /* rolled back with the rest */
                 printf("MSC: t=%d S%d claim job%d: renew token %d in the insert's transaction: no row back: LockLost, nothing written\n",
                        dbnow, me, j, token[me])
             :: else ->
                 if
                 :: UNDER_LEASE ->
-                    lexpires[j] = dbnow + TTL; lease[me] = dbnow + TTL;
+                    lexpires[l] = dbnow + TTL; lease[me] = dbnow + TTL;
                     deadline[me] = dbnow + TTL;
                     printf("MSC: t=%d S%d claim job%d: renew token %d in the insert's transaction: lease to t=%d\n",
                            dbnow, me, j, token[me], dbnow + TTL)
                 :: else
                 fi;
+#if ALLOW_ALL && !defined(MUTANT_SLOTS_OUT_OF_TURN)
+                if :: first -> LOOK_IN_TURN() :: else fi;
+#endif
                 RECORD_MISSED(); RECORD_SKIPPED();  /* _together: one transaction */
                 PASS();
+                if
+                :: later -> later = 0  /* _in_turn: nothing written */
 #ifdef MUTANT_CLAIM_NOT_UNIQUE
-                if :: true ->
+                :: !later ->
 #else
-                if :: ROW(j, serve) == NONE ->
+                :: !later && ROW(j, serve) == NONE ->
 #endif
                     ROW(j, serve) = RUNNING; began = dbnow; runs = 1;
                     printf("MSC: t=%d S%d insert run job%d slot %d: ours\n", dbnow, me, j, serve)
@@ -615,8 +686,9 @@ endidle:
     /* the job's code: at most one write through the fenced resource, then it returns
        (or stops, once told the lock is lost: lock_lost) */
     do
-    /* UPDATE resource SET ..., fence = mine WHERE fence <= mine */
-    :: d_step { ACTIVE(me) && !wrote ->
+    /* UPDATE resource SET ..., fence = mine WHERE fence <= mine (not under ALLOW_ALL:
+       runs of slots that overlap may share a token, slot_locks.py) */
+    :: d_step { ACTIVE(me) && !wrote && !ALLOW_ALL ->
         wrote = 1;
         if
         :: token[me] >= fence[j] ->
@@ -647,12 +719,12 @@ record:
             ROW(j, serve) = ENDED; rduring[j*NK + serve] = during;
             printf("MSC: t=%d S%d record_end job%d slot %d\n", dbnow, me, j, serve);
             INVARIANTS;
-            j = 0; cur = 0; serve = 0; during = 0 };
+            j = 0; l = 0; cur = 0; serve = 0; during = 0 };
         goto endidle }
 
 release:
     /* runner.py Run.start: skipped after the take -> lock.release() */
-    atomic { ACTIVE(me) -> d_step { RELEASE(); j = 0; cur = 0; serve = 0 }; goto endidle }
+    atomic { ACTIVE(me) -> d_step { RELEASE(); j = 0; l = 0; cur = 0; serve = 0 }; goto endidle }
 } unless { crashed[me] }
 }
 
@@ -668,14 +740,14 @@ end:
        back: LockLost (lock.renew -> _lose) */
     :: d_step { ACTIVE(me) && holding[me] && !lost[me] ->
         if
-        :: ltoken[job[me]] == token[me] && !lreleased[job[me]] && lexpires[job[me]] > dbnow ->
-            lexpires[job[me]] = dbnow + TTL; lease[me] = dbnow + TTL;
+        :: ltoken[lockof[me]] == token[me] && !lreleased[lockof[me]] && lexpires[lockof[me]] > dbnow ->
+            lexpires[lockof[me]] = dbnow + TTL; lease[me] = dbnow + TTL;
             deadline[me] = dbnow + TTL;
             printf("MSC: t=%d S%d renew job%d token %d: lease to t=%d\n",
-                   dbnow, me, job[me], token[me], dbnow + TTL)
+                   dbnow, me, lockof[me], token[me], dbnow + TTL)
         :: else ->
             printf("MSC: t=%d S%d renew job%d token %d: no row back: LockLost\n",
-                   dbnow, me, job[me], token[me]);
+                   dbnow, me, lockof[me], token[me]);
             lost[me] = 1
         fi;
         INVARIANTS }
@@ -685,7 +757,7 @@ end:
     :: d_step { ACTIVE(me) && holding[me] && !lost[me] && dbnow >= deadline[me] ->
         lost[me] = 1;
         printf("MSC: t=%d S%d renew job%d: no answer from the database, lease slipped: lock lost\n",
-               dbnow, me, job[me]);
+               dbnow, me, lockof[me]);
         INVARIANTS }
 #ifndef MUTANT_NO_WATCHDOG
     /* KeepAlive._watch / _give_up: deadline - margin has come and no renewal moved the
@@ -693,7 +765,7 @@ end:
     :: d_step { ACTIVE(me) && holding[me] && !lost[me] && dbnow + MARGIN >= deadline[me] ->
         lost[me] = 1;
         printf("MSC: t=%d S%d watchdog job%d token %d: no renewal got through: lock lost\n",
-               dbnow, me, job[me], token[me]);
+               dbnow, me, lockof[me], token[me]);
         INVARIANTS }
 #endif
     od
@@ -730,7 +802,7 @@ end:
 /* models.py JobLockQuerySet.force_release: UPDATE joblock SET released_at = now,
    expires_at = now WHERE name = j AND NOT free (free: expires_at IS NULL, or released
    and expires_at <= now). The holder is not told: its next renew finds no row. */
-#define REVOKE(s, jj) if :: holding[s] && job[s] == (jj) && token[s] == ltoken[jj] \
+#define REVOKE(s, jj) if :: holding[s] && lockof[s] == (jj) && token[s] == ltoken[jj] \
         && !lreleased[jj] -> revoked[s] = 1; lease[s] = 0 :: else fi
 #define FORCE_RELEASE(jj) :: d_step { forces > 0 && MAY_DISTURB && ltoken[jj] > 0 \
         && !(lreleased[jj] && lexpires[jj] <= dbnow) -> \
@@ -744,8 +816,14 @@ active proctype Operator() {
 end:
     do
     FORCE_RELEASE(0)
-#if NJ > 1
+#if NL > 1
     FORCE_RELEASE(1)
+#endif
+#if NL > 2
+    FORCE_RELEASE(2)
+#endif
+#if NL > 3
+    FORCE_RELEASE(3)
 #endif
     od
 }
