@@ -30,6 +30,9 @@ CHECKS=(
     "allow-all-faults|holds|-DNS=3 -DNJ=1 -DSTARTS=1 -DFAULTS=1 -DFORCE=1 -DDISTURBANCES=1 -DALLOW_ALL=1"
     "allow-all-restarts|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DALLOW_ALL=1"
     "allow-all-slots|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DALLOW_ALL=1 -DNK=4"
+    "buffer-all-faults|holds|-DNS=3 -DNJ=1 -DSTARTS=1 -DFAULTS=1 -DFORCE=1 -DBUFFER=2"
+    "buffer-all-slots|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DBUFFER=2 -DNK=4"
+    "buffer-all-chain|holds|-DNS=1 -DNJ=1 -DSTARTS=3 -DFAULTS=1 -DFORCE=1 -DBUFFER=2 -DNK=5"
     "buffered-reached|refuted|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=0 -DFORCE=0 -DBUFFER=1 -DREACH_BUFFERED"
     "take-ignores-expiry|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_TAKE_IGNORES_EXPIRY"
     "release-not-holder-checked|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_RELEASE_NOT_HOLDER_CHECKED"
@@ -37,10 +40,13 @@ CHECKS=(
     "no-watchdog|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_NO_WATCHDOG"
     "claim-writes-apart|refuted|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DNK=4 -DMUTANT_CLAIM_WRITES_APART"
     "first-run-unguarded|refuted|-DNS=3 -DNJ=1 -DFAULTS=1 -DFORCE=1 -DMUTANT_FIRST_UNGUARDED"
+    "left-reached|refuted|-DNS=1 -DNJ=1 -DSTARTS=3 -DFAULTS=0 -DFORCE=0 -DBUFFER=2 -DNK=5 -DREACH_LEFT"
+    "buffer-all-records-ahead|refuted|-DNS=1 -DNJ=1 -DSTARTS=2 -DFAULTS=0 -DFORCE=0 -DBUFFER=2 -DNK=5 -DMUTANT_BUFFER_ALL_RECORDS_AHEAD"
     "slots-out-of-turn|refuted|-DNS=2 -DNJ=1 -DSTARTS=1 -DFAULTS=0 -DFORCE=0 -DALLOW_ALL=1 -DMUTANT_SLOTS_OUT_OF_TURN"
 )
 LONG=(
     "jobs-faults|holds|-DNS=3 -DNJ=2 -DSTARTS=1 -DFAULTS=1 -DFORCE=1 -DDISTURBANCES=1"
+    "buffer-all-long|holds|-DNS=2 -DNJ=1 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DBUFFER=2 -DNK=5"
 )
 
 for tool in spin gcc; do

@@ -37,6 +37,9 @@ HOLDS = [
     "allow-all-faults",
     "allow-all-restarts",
     "allow-all-slots",
+    "buffer-all-faults",
+    "buffer-all-slots",
+    "buffer-all-chain",
 ]
 # Each mutant, and the property its counterexample must break.
 REFUTED = {
@@ -47,6 +50,7 @@ REFUTED = {
     "first-run-unguarded": "(d)",
     "claim-writes-apart": "(d)",
     "slots-out-of-turn": "(d)",
+    "buffer-all-records-ahead": "(d)",
 }
 LINE = re.compile(
     r"^(?P<name>[\w-]+) \((?P<expected>holds|refuted)\): (?P<errors>\d+) errors, "
@@ -107,3 +111,16 @@ def test_the_buffer_checks_reach_a_buffered_run() -> None:
     assert buffered, trail
     assert f"STARTS job0 slot {buffered[-1]} " in trail
     assert "REACHED: a slot that came during a run starts after it" in trail
+
+
+def test_the_buffer_all_checks_reach_a_slot_left_for_a_later_start() -> None:
+    """With BUFFER=2 (buffer_all) a claim leaves buffered slots to the starts after it,
+    with no row; the model reaches a later start that runs one (an assertion that none
+    does is refuted)."""
+    done, found = model("left-reached")
+    assert done.returncode == 0, done.stdout
+    assert found["expected"] == "refuted"
+    trail = done.stdout.split("counterexample", 1)[1]
+    left = re.findall(r"buffer_all: slot \d now; slots ([1-9]\d*) \(bit mask\) left", trail)
+    assert left, trail
+    assert "REACHED: a later start runs a slot left for it" in trail

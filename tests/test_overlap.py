@@ -95,6 +95,30 @@ def test_buffer_all_runs_every_buffered_slot_one_start_after_another(policy: str
     assert (third.run, third.more, third.skipped, third.missed) == (at(10, 15), False, [], [])
 
 
+def test_buffer_all_records_no_slot_newer_than_a_buffered_one_it_leaves_for_later() -> None:
+    # Every 5 min; the 10:00 run lasted until 10:12 (10:05 and 10:10 came during it); no
+    # server ran 10:15; a start at 10:20. Each start below claims as history.claim does:
+    # it looks after the newest row at or before its slot, and writes the rows planned.
+    every = Every(period=dt.timedelta(minutes=5))
+    rows = {at(10): (at(10), at(10, 12))}  # slot -> (started, ended): the run's
+    now = at(10, 20)
+    for _ in range(10):
+        latest = max(slot for slot in rows if slot <= every.slot_at(now))
+        step = plan(every, CatchUp(), now, latest, overlap="buffer_all", ran=rows[latest])
+        rows.update(dict.fromkeys(step.missed + step.skipped, None))
+        if step.run is None:
+            break
+        rows[step.run] = (now, now + dt.timedelta(seconds=30))  # each run is short
+        now += dt.timedelta(seconds=30)
+        if not step.more:
+            break
+    # Every slot has a row, in order: 10:10 was not left behind the newer 10:15 (a missed
+    # row there, written by the first start, hid it from the next one's look).
+    assert sorted(rows) == [at(10, minute) for minute in range(0, 25, 5)]
+    ran = [slot for slot, run in sorted(rows.items()) if run is not None]
+    assert ran[:3] == [at(10), at(10, 5), at(10, 10)]
+
+
 def test_catch_up_slots_before_a_late_run_run_before_its_buffered_ones() -> None:
     # Down 09:10-11:40; at 11:40 the 10:00 slot ran late, until 12:05 (catch_up="all"):
     # 11:00 came before it began (catch-up's), 12:00 during it (buffered). 11:00 first,

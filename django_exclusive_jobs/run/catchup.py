@@ -181,6 +181,12 @@ def plan(
         runnable = [slot for slot in runnable[-1:] if slot == current]
     missed = [slot for slot in due if slot not in runnable]
     runnable = sorted(buffered_slots + runnable)  # oldest first: each is then the latest
+    if len(runnable) > 1:
+        # The slots left to run after this one get no row now, and no slot newer than
+        # them may: the starts that run them look only after the newest row. Under
+        # buffer_all a slot nobody ran can be newer than a buffered one; it is left to
+        # those starts (found by the protocol's model, docs/model.md).
+        missed = [slot for slot in missed if slot < runnable[1]]
     return Plan(runnable[0] if runnable else None, missed, len(runnable) > 1, skipped)
 
 

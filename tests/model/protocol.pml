@@ -59,11 +59,12 @@
  *    catch_up="latest" only, and overlap="skip" (BUFFER=0) or "buffer_one" and
  *    "cancel_other" (BUFFER=1: their claims plan alike; cancel_other's request that
  *    the running job stop is a job that ends early, which the model already lets any
- *    job do), or "allow_all" (ALLOW_ALL=1, one job: each slot takes a lock of its own,
+ *    job do), "buffer_all" (BUFFER=2: each slot that came during the run runs, one
+ *    start after another, the oldest first), or "allow_all" (ALLOW_ALL=1, one job: each slot takes a lock of its own,
  *    slot_locks.py; no fenced write, since runs of slots that overlap may share a
  *    token; each slot's lock starts at token 0 here, not above the job's history):
  *    no retries (attempt is always 1), no other catch_up policy, no run now,
- *    backfill, operator pause, override, jitter or overlap="buffer_all".
+ *    backfill, operator pause, override or jitter.
  *  - close_abandoned (an older token's running row marked lost) is left out: the plan
  *    reads a running row and a lost row with no end alike. So is the read after a
  *    take that did not win (it names the holder for the log line), and the
@@ -100,6 +101,9 @@
  *  MUTANT_CLAIM_WRITES_APART          a claim's missed rows, skipped rows and run row
  *                                     each in a statement of its own (before the fix):
  *                                     refuted by (d) with four slots
+ *  MUTANT_BUFFER_ALL_RECORDS_AHEAD    under BUFFER=2 (buffer_all), a claim that leaves
+ *                                     buffered slots for later records a missed slot
+ *                                     newer than them (before the fix): refuted by (d)
  *  MUTANT_SLOTS_OUT_OF_TURN           under ALLOW_ALL, first claims of two slots not put
  *                                     in turn (history._in_turn; before the fix): the
  *                                     older slot's row lands after the newer one's:
@@ -108,6 +112,9 @@
  *  REACH_BUFFERED                     with BUFFER=1: an assertion that a buffered slot
  *                                     never starts, which spin must refute (the
  *                                     model does reach buffer_one's runs)
+ *  REACH_LEFT                         with BUFFER=2: an assertion that no start runs a
+ *                                     slot a buffer_all claim left for later, which
+ *                                     spin must refute
  */
 
 /* ---- bounds ---------------------------------------------------------------------- */
@@ -118,7 +125,7 @@
 #define NJ 2            /* jobs (1 or 2) */
 #endif
 #ifndef NK
-#define NK 3            /* slots per job (3 or 4): slot k begins at tick k*P */
+#define NK 3            /* slots per job (3 to 5): slot k begins at tick k*P */
 #endif
 #ifndef P
 #define P 1             /* ticks per slot (the job's interval) */
@@ -140,7 +147,7 @@
 #define FORCE 1         /* operator force-releases, in all */
 #endif
 #ifndef BUFFER
-#define BUFFER 0        /* overlap: 0 "skip"; 1 "buffer_one" and "cancel_other" */
+#define BUFFER 0        /* overlap: 0 "skip"; 1 "buffer_one" and "cancel_other"; 2 "buffer_all" */
 #endif
 #ifndef ALLOW_ALL
 #define ALLOW_ALL 0     /* overlap="allow_all": a lock per slot (slot_locks.py) */
@@ -200,6 +207,9 @@ bit revoked[NS];               /* force-released since its take */
 byte starts[NJ*NK];            /* how many times each (job, slot) started its job */
 byte owed[NJ];                 /* (d): bit k: a claim passed slot k after a row before it */
 byte fired;                    /* how many servers have fired a first trigger (symmetry) */
+#ifdef REACH_LEFT
+byte left_for_later;           /* buffer_all: slots a claim left for later starts */
+#endif
 byte faults = FAULTS;
 byte forces = FORCE;
 
@@ -250,8 +260,10 @@ byte forces = FORCE;
 #define FORALL_K(F, j) (F(j, 0) && F(j, 1))
 #elif NK == 3
 #define FORALL_K(F, j) (F(j, 0) && F(j, 1) && F(j, 2))
-#else
+#elif NK == 4
 #define FORALL_K(F, j) (F(j, 0) && F(j, 1) && F(j, 2) && F(j, 3))
+#else
+#define FORALL_K(F, j) (F(j, 0) && F(j, 1) && F(j, 2) && F(j, 3) && F(j, 4))
 #endif
 
 /* (a) for lock l, at most one server holding it with a valid lease */
@@ -270,6 +282,10 @@ byte forces = FORCE;
 #elif NK == 4
 #define NO_GAP(j) (!(HAS(j, 0) && !HAS(j, 1) && (HAS(j, 2) || HAS(j, 3))) \
                    && !((HAS(j, 0) || HAS(j, 1)) && !HAS(j, 2) && HAS(j, 3)))
+#elif NK == 5
+#define NO_GAP(j) (!(HAS(j, 0) && !HAS(j, 1) && (HAS(j, 2) || HAS(j, 3) || HAS(j, 4))) \
+                   && !((HAS(j, 0) || HAS(j, 1)) && !HAS(j, 2) && (HAS(j, 3) || HAS(j, 4))) \
+                   && !((HAS(j, 0) || HAS(j, 1) || HAS(j, 2)) && !HAS(j, 3) && HAS(j, 4)))
 #else
 #define NO_GAP(j) 1
 #endif
@@ -407,7 +423,9 @@ inline RAN() {
         k = serve + 1;
         do
         :: k < NK && k*P <= dbnow ->
-            if :: k*P > began -> during = during | (1 << k) :: else fi; k++
+            /* buffer_all: since the slot itself, not since the run began (a run that
+               began late was buffered, and the slots before it began with it) */
+            if :: k*P > began || BUFFER == 2 -> during = during | (1 << k) :: else fi; k++
         :: else -> break
         od
     :: else
@@ -559,7 +577,7 @@ endidle:
                     k++
                 :: else -> break
                 od;
-#if BUFFER
+#if BUFFER == 1
                 /* buffer_one, cancel_other: of the slots that came during the run, the
                    newest runs now (plan.run: the oldest runnable), before cur (plan.more);
                    the others are skipped */
@@ -568,6 +586,38 @@ endidle:
                     k = cur;
                     do :: !(skipped & (1 << k)) -> k-- :: else -> break od;
                     skipped = skipped & ~(1 << k); serve = k; runs = 1
+                :: else
+                fi;
+#elif BUFFER == 2
+                /* buffer_all (catch_up_limit at least NK): every slot that came during the
+                   run is buffered: the oldest runs now; the others, and cur, are left to
+                   the starts after it (plan.more), which run them one by one: each looks
+                   after the newest row and finds the next (RAN: since the slot). No
+                   missed row newer than the oldest slot left: it would hide that slot
+                   from those starts (catchup.plan; MUTANT_BUFFER_ALL_RECORDS_AHEAD: the
+                   code before the fix). */
+                if
+                :: skipped != 0 ->
+                    k = 0;
+                    do :: !(skipped & (1 << k)) -> k++ :: else -> break od;
+                    serve = k; skipped = skipped & ~(1 << k);
+                    if :: runs -> skipped = skipped | (1 << cur) :: else fi;
+                    runs = 1;
+#ifndef MUTANT_BUFFER_ALL_RECORDS_AHEAD
+                    if
+                    :: skipped != 0 ->
+                        k = 0;
+                        do :: !(skipped & (1 << k)) -> k++ :: else -> break od;
+                        missed = missed & ((1 << k) - 1)
+                    :: else
+                    fi;
+#endif
+                    printf("MSC: t=%d S%d buffer_all: slot %d now; slots %d (bit mask) left for later starts, with no row\n",
+                           dbnow, me, serve, skipped);
+#ifdef REACH_LEFT
+                    left_for_later = left_for_later | skipped;
+#endif
+                    skipped = 0  /* left for later: no row now */
                 :: else
                 fi;
 #endif
@@ -679,6 +729,10 @@ endidle:
 #ifdef REACH_BUFFERED
                 /* not a property: a check that the model reaches a buffered run at all */
                 PROP(serve == cur, "MSC: REACHED: a slot that came during a run starts after it\n");
+#endif
+#ifdef REACH_LEFT
+                /* not a property: a later start runs a slot a buffer_all claim left */
+                PROP(!(left_for_later & (1 << serve)), "MSC: REACHED: a later start runs a slot left for it\n");
 #endif
                 PROP(starts[j*NK + serve] <= 1, "MSC: VIOLATED (c): a slot started twice\n") }
         fi }
