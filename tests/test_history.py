@@ -307,6 +307,44 @@ def test_a_claim_that_fails_between_its_writes_leaves_none_of_its_rows(alias: st
     ]
 
 
+def test_buffer_all_leaves_no_buffered_slot_behind_a_newer_missed_one(alias: str) -> None:
+    """Under buffer_all, the start after an overlong run runs the oldest slot that came
+    during it and leaves the others to the starts after it, with no row; a slot that came
+    after the run, with no server up, must not get a row before them: the next start
+    looks after the newest row and would never find them (found by the protocol's model;
+    the starts here are direct calls, each one claim)."""
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.run.schedules import Every
+
+    name = "hist-buffer-all"
+    day = dt.timedelta(days=1)
+    calls: list[int] = []
+
+    @exclusive_job(name, using=alias, every="1d", overlap="buffer_all")
+    def job() -> None:
+        calls.append(1)
+
+    current = Every(period=day).slot_at(database_now(alias))
+    # The run of the slot four days ago lasted two and a half days: the next two slots
+    # came during it, yesterday's after it (no server up), and today's is due.
+    ran = current - 4 * day
+    JobRun.objects.using(alias).create(
+        name=name,
+        slot=ran,
+        status=RunStatus.SUCCEEDED,
+        token=1,
+        started_at=ran,
+        finished_at=ran + 2.5 * day,
+        duration=2.5 * day.total_seconds(),
+    )
+    for _ in range(5):
+        job()
+    rows = JobRun.objects.using(alias).filter(name=name).order_by("slot")
+    assert list(rows.values_list("slot", flat=True)) == [ran + n * day for n in range(5)]
+    assert set(rows.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
+    assert calls == [1, 1, 1, 1]  # each slot once, in order; the fifth start found it done
+
+
 def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:
     with other_holder(alias) as other:
         dead_token = other.try_acquire("hist-crash", ttl=30)
