@@ -254,6 +254,55 @@ def test_first_claims_of_two_slots_under_allow_all_take_turns(alias: str) -> Non
     assert not [row.name for row in lock if row.released_at is None]  # ours was released
 
 
+def test_first_claims_of_two_slots_under_allow_all_wait_for_each_other(alias: str) -> None:
+    """Two first claims of an allow_all job inside their transactions at once: the later
+    slot's waits on the job's own lock row until ours commits, then finds our row and
+    records the slot between missed (without the row lock it would find no row, and its
+    run and ours would leave that slot without one)."""
+    import threading
+    import time
+
+    from django.db import connections
+
+    name = "hist-first-slots-at-once"
+    options = {"every": "1s", "ttl": 30, "keepalive": False, "overlap": "allow_all"}
+    calls: list[int] = []
+
+    @exclusive_job(name, using=alias, **options)
+    def job() -> None:
+        calls.append(1)
+
+    def the_other_server() -> None:
+        with other_holder(alias) as other:
+            other.call("run_job", alias, name, options)
+
+    other = threading.Thread(target=the_other_server)
+    looks: list[float] = []
+
+    def stall_in_turn(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        result = execute(sql, params, many, context)
+        upper = sql.upper()
+        look = upper.lstrip().startswith("SELECT") and "DESC" in upper and "LIMIT" in upper
+        if look and "JOBRUN" in upper:
+            looks.append(time.monotonic())
+            if len(looks) == 2:  # the look again, in turn: our transaction is open
+                time.sleep(2.2)  # into a later slot, whose lock is free
+                other.start()
+                time.sleep(1.5)  # its first claim comes, and waits for our commit
+        return result
+
+    with connections[alias].execute_wrapper(stall_in_turn):
+        job()
+    other.join(timeout=60)
+    assert len(looks) == 2 and calls == [1]
+    rows = list(JobRun.objects.using(alias).filter(name=name).order_by("slot"))
+    statuses = [run.status for run in rows]
+    assert statuses[0] == statuses[-1] == RunStatus.SUCCEEDED  # ours, then the other's
+    assert set(statuses[1:-1]) == {RunStatus.MISSED}  # the slots between: recorded
+    slots = [run.slot for run in rows]
+    assert slots == [slots[0] + dt.timedelta(seconds=n) for n in range(len(slots))]
+
+
 def test_a_claim_that_fails_between_its_writes_leaves_none_of_its_rows(alias: str) -> None:
     """A claim that records a slot missed and an older one skipped writes them (and its
     run) together: failing between them leaves none, not the newer slot's row without
@@ -309,10 +358,10 @@ def test_a_claim_that_fails_between_its_writes_leaves_none_of_its_rows(alias: st
 
 def test_buffer_all_leaves_no_buffered_slot_behind_a_newer_missed_one(alias: str) -> None:
     """Under buffer_all, the start after an overlong run runs the oldest slot that came
-    during it and leaves the others to the starts after it, with no row; a slot that came
-    after the run, with no server up, must not get a row before them: the next start
-    looks after the newest row and would never find them (found by the protocol's model;
-    the starts here are direct calls, each one claim)."""
+    during it and leaves the others to the starts after it, with no row; when it records
+    a slot missed (no server was up after the run), none may be left older than that
+    row: the next start looks after the newest row and would never find it. They are
+    skipped (found by the protocol's model; the starts are direct calls, one claim each)."""
     from django_exclusive_jobs.lock.clock import database_now
     from django_exclusive_jobs.run.schedules import Every
 
@@ -337,12 +386,17 @@ def test_buffer_all_leaves_no_buffered_slot_behind_a_newer_missed_one(alias: str
         finished_at=ran + 2.5 * day,
         duration=2.5 * day.total_seconds(),
     )
-    for _ in range(5):
+    for _ in range(3):
         job()
     rows = JobRun.objects.using(alias).filter(name=name).order_by("slot")
-    assert list(rows.values_list("slot", flat=True)) == [ran + n * day for n in range(5)]
-    assert set(rows.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
-    assert calls == [1, 1, 1, 1]  # each slot once, in order; the fifth start found it done
+    assert list(rows.values_list("slot", "status")) == [
+        (ran, RunStatus.SUCCEEDED),
+        (ran + day, RunStatus.SUCCEEDED),  # the oldest that came during the run
+        (ran + 2 * day, RunStatus.SKIPPED),  # came during it too; not left behind yesterday
+        (ran + 3 * day, RunStatus.MISSED),  # no server up: catch_up="latest"
+        (current, RunStatus.SUCCEEDED),
+    ]
+    assert calls == [1, 1]  # the third start found today's slot done
 
 
 def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:

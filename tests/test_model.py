@@ -4,8 +4,9 @@ Each check runs ``scripts/model.sh NAME``: the model itself must hold with no er
 every bound (an exhaustive search, no bitstate), and each mutant of the protocol (among
 them the first claim written without renewing its lease: the first-run gap, fixed,
 docs/model.md) must be refuted with a counterexample. No database is used. Together
-they take about three minutes: marked slow. The long check (``scripts/model.sh --long``:
-3 servers, 2 jobs and a fault, minutes and GBs) is not run here.
+they take about three to four minutes: marked slow. The long checks (``scripts/model.sh
+--long``: 3 servers, 2 jobs and a fault; buffer_all with five slots: minutes and GBs) are
+not run here.
 """
 
 from __future__ import annotations

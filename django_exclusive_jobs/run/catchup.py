@@ -27,7 +27,8 @@ not missed: the job's ``overlap`` policy decides it, whichever server starts nex
 ``"skip"``        recorded ``skipped`` (the default)
 ``"buffer_one"``  the latest runs right after the run; the others are skipped
 ``"buffer_all"``  each runs, in order, after the run (at most ``catch_up_limit``, the
-                  newest; the others are skipped)
+                  newest; the others are skipped); when the servers were down after
+                  the run, only the oldest runs: the others are skipped
 ``"cancel_other"``  the new slot's start asks the running run (on any server) to stop,
                   and takes the lock once it has (a cron line waits up to
                   :data:`CANCEL_WAIT`, a scheduler looks again each second), then
@@ -181,12 +182,15 @@ def plan(
         runnable = [slot for slot in runnable[-1:] if slot == current]
     missed = [slot for slot in due if slot not in runnable]
     runnable = sorted(buffered_slots + runnable)  # oldest first: each is then the latest
-    if len(runnable) > 1:
-        # The slots left to run after this one get no row now, and no slot newer than
-        # them may: the starts that run them look only after the newest row. Under
-        # buffer_all a slot nobody ran can be newer than a buffered one; it is left to
-        # those starts (found by the protocol's model, docs/model.md).
-        missed = [slot for slot in missed if slot < runnable[1]]
+    if missed:
+        # The slots left to run after this one get no row now, and the starts that run
+        # them look only after the newest row: one older than a slot recorded missed
+        # would never be found. Under buffer_all a slot nobody ran (the servers were down
+        # after the run) is newer than the buffered ones: those not run now are skipped
+        # (found by the protocol's model, docs/model.md).
+        passed = [slot for slot in runnable[1:] if slot < missed[-1]]
+        skipped = sorted(skipped + passed)
+        runnable = [slot for slot in runnable if slot not in passed]
     return Plan(runnable[0] if runnable else None, missed, len(runnable) > 1, skipped)
 
 

@@ -229,9 +229,10 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
     row, and the older slot's row land after the newer one's: the slots between would be
     left without a row (found by the protocol's model, docs/model.md). After the renewal,
     this locks the job's own lock row until the commit (every first claim of its slots
-    does), then looks again, at every slot: a locking read first, so the look that
-    follows sees what the claim before it committed. (On SQLite the renewal already put
-    the transactions in turn.)
+    does), then looks again, at every slot. The look is a locking read too: on MariaDB
+    and MySQL it sees what the claim before it committed even under REPEATABLE READ; on
+    PostgreSQL that takes READ COMMITTED, Django's default. (On SQLite the renewal
+    already put the transactions in turn.)
     """
     from ..lock.acquire import prepare_locks
     from ..models import JobLock
@@ -240,7 +241,7 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
 
     def look() -> JobRun | None:
         list(JobLock.objects.using(lock.using).select_for_update().filter(name=name).values("pk"))
-        slotted = _runs(lock.using).filter(name=name, slot__isnull=False)
+        slotted = _runs(lock.using).filter(name=name, slot__isnull=False).select_for_update()
         return slotted.order_by("-slot", "-attempt").first()
 
     with _under_lease(lock):

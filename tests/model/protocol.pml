@@ -81,9 +81,11 @@
  *  - Bounds: see below and scripts/model.sh, which checks several bounds: 3 servers
  *    and 2 jobs without faults; 3 servers, 1 job, a crash or a pause and a
  *    force-release; 2 servers starting twice each with a fault, with 3 slots and with
- *    4 (NK=4: a missed slot newer than a skipped one); the same under allow_all; and
- *    (--long) 3 servers, 2 jobs and one crash, pause or force-release in all
- *    (DISTURBANCES), and allow_all with 4 slots.
+ *    4 (NK=4: a missed slot newer than a skipped one); the same under buffer_all and
+ *    allow_all; 1 server starting three times under buffer_all with 5 slots (a missed
+ *    slot newer than two buffered ones); and (--long) 3 servers, 2 jobs and one crash,
+ *    pause or force-release in all (DISTURBANCES), and buffer_all with 2 servers
+ *    starting twice and 5 slots.
  *
  * Mutants (spin -DMUTANT_...; scripts/model.sh requires a counterexample for each):
  *  MUTANT_TAKE_IGNORES_EXPIRY         the take without "AND (expires_at IS NULL OR
@@ -101,9 +103,9 @@
  *  MUTANT_CLAIM_WRITES_APART          a claim's missed rows, skipped rows and run row
  *                                     each in a statement of its own (before the fix):
  *                                     refuted by (d) with four slots
- *  MUTANT_BUFFER_ALL_RECORDS_AHEAD    under BUFFER=2 (buffer_all), a claim that leaves
- *                                     buffered slots for later records a missed slot
- *                                     newer than them (before the fix): refuted by (d)
+ *  MUTANT_BUFFER_ALL_RECORDS_AHEAD    under BUFFER=2 (buffer_all), a claim that records a
+ *                                     slot missed leaves older buffered slots for later
+ *                                     (before the fix): refuted by (d)
  *  MUTANT_SLOTS_OUT_OF_TURN           under ALLOW_ALL, first claims of two slots not put
  *                                     in turn (history._in_turn; before the fix): the
  *                                     older slot's row lands after the newer one's:
@@ -151,6 +153,9 @@
 #endif
 #ifndef ALLOW_ALL
 #define ALLOW_ALL 0     /* overlap="allow_all": a lock per slot (slot_locks.py) */
+#endif
+#if ALLOW_ALL && (NJ != 1 || BUFFER || NK > 4)
+#error "ALLOW_ALL models one job, overlap=allow_all alone, and at most 4 slots (locks)"
 #endif
 #if ALLOW_ALL
 #define NL NK           /* locks: one per slot of the one job (NAME@SLOT) */
@@ -359,7 +364,9 @@ inline TAKE() {
     d_step {
         if :: left == STARTS -> fired++ :: else fi;
         left--;
-        l = (ALLOW_ALL -> dbnow / P : j);  /* allow_all: the slot's lock, chosen before */
+        /* allow_all: the slot's lock (Run._slot_of_lock picks it before the take; here
+           at the take's tick: a start that picked it earlier is one that stalled) */
+        l = (ALLOW_ALL -> dbnow / P : j);
 #ifdef MUTANT_TAKE_IGNORES_EXPIRY
         if :: true ->
 #else
@@ -591,33 +598,30 @@ endidle:
 #elif BUFFER == 2
                 /* buffer_all (catch_up_limit at least NK): every slot that came during the
                    run is buffered: the oldest runs now; the others, and cur, are left to
-                   the starts after it (plan.more), which run them one by one: each looks
-                   after the newest row and finds the next (RAN: since the slot). No
-                   missed row newer than the oldest slot left: it would hide that slot
-                   from those starts (catchup.plan; MUTANT_BUFFER_ALL_RECORDS_AHEAD: the
-                   code before the fix). */
+                   the starts after it (plan.more), with no row: each of those looks after
+                   the newest row and finds the next (RAN: since the slot). A slot recorded
+                   missed is newer than every buffered one (it began after the run ended),
+                   and its row would hide them from those starts: when there is one, the
+                   buffered slots not run now are skipped (catchup.plan;
+                   MUTANT_BUFFER_ALL_RECORDS_AHEAD: left for later, as before the fix). */
                 if
                 :: skipped != 0 ->
                     k = 0;
                     do :: !(skipped & (1 << k)) -> k++ :: else -> break od;
-                    serve = k; skipped = skipped & ~(1 << k);
-                    if :: runs -> skipped = skipped | (1 << cur) :: else fi;
-                    runs = 1;
-#ifndef MUTANT_BUFFER_ALL_RECORDS_AHEAD
-                    if
-                    :: skipped != 0 ->
-                        k = 0;
-                        do :: !(skipped & (1 << k)) -> k++ :: else -> break od;
-                        missed = missed & ((1 << k) - 1)
-                    :: else
-                    fi;
+                    serve = k; skipped = skipped & ~(1 << k); runs = 1;
+#ifdef MUTANT_BUFFER_ALL_RECORDS_AHEAD
+                    if :: true ->
+#else
+                    if :: missed == 0 ->
 #endif
-                    printf("MSC: t=%d S%d buffer_all: slot %d now; slots %d (bit mask) left for later starts, with no row\n",
-                           dbnow, me, serve, skipped);
+                        printf("MSC: t=%d S%d buffer_all: slot %d now; slots %d (bit mask) left for later starts, with no row\n",
+                               dbnow, me, serve, skipped);
 #ifdef REACH_LEFT
-                    left_for_later = left_for_later | skipped;
+                        left_for_later = left_for_later | skipped;
 #endif
-                    skipped = 0  /* left for later: no row now */
+                        skipped = 0
+                    :: else
+                    fi
                 :: else
                 fi;
 #endif
