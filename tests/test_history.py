@@ -171,6 +171,13 @@ def test_job_whose_set_up_outlasted_its_lease_does_not_start(
         assert (run.status, run.error_type) == (RunStatus.LOST, "LockLost")
 
 
+def looks_at_the_history(sql: str) -> bool:
+    """A claim's look at the job's newest run row (history.claim, history._in_turn)."""
+    upper = sql.upper()
+    select = upper.lstrip().startswith("SELECT")
+    return select and "JOBRUN" in upper and "DESC" in upper and "LIMIT" in upper
+
+
 def test_a_first_claim_stalled_past_its_lease_leaves_no_slot_without_a_row(alias: str) -> None:
     """The job's first claim looks (no row yet) and stalls past its lease before it writes;
     meanwhile another server runs a slot two later as the job's first run. The stalled
@@ -192,9 +199,7 @@ def test_a_first_claim_stalled_past_its_lease_leaves_no_slot_without_a_row(alias
 
     def stall_after_the_look(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         result = execute(sql, params, many, context)
-        upper = sql.upper()
-        look = upper.lstrip().startswith("SELECT") and "DESC" in upper and "LIMIT" in upper
-        if look and "JOBRUN" in upper and not stalled:  # the claim's look at the history
+        if looks_at_the_history(sql) and not stalled:  # the claim's look
             stalled.append(time.monotonic())
             time.sleep(2.2)  # past the lease, and into the slot two after ours
             with other_holder(alias) as other:
@@ -236,9 +241,7 @@ def test_first_claims_of_two_slots_under_allow_all_take_turns(alias: str) -> Non
 
     def stall_after_the_look(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         result = execute(sql, params, many, context)
-        upper = sql.upper()
-        look = upper.lstrip().startswith("SELECT") and "DESC" in upper and "LIMIT" in upper
-        if look and "JOBRUN" in upper and not stalled:  # the claim's look at the history
+        if looks_at_the_history(sql) and not stalled:  # the claim's look
             stalled.append(time.monotonic())
             time.sleep(2.2)  # into the slot two after ours: its own lock is free
             with other_holder(alias) as other:
@@ -281,9 +284,7 @@ def test_first_claims_of_two_slots_under_allow_all_wait_for_each_other(alias: st
 
     def stall_in_turn(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         result = execute(sql, params, many, context)
-        upper = sql.upper()
-        look = upper.lstrip().startswith("SELECT") and "DESC" in upper and "LIMIT" in upper
-        if look and "JOBRUN" in upper:
+        if looks_at_the_history(sql):
             looks.append(time.monotonic())
             if len(looks) == 2:  # the look again, in turn: our transaction is open
                 time.sleep(2.2)  # into a later slot, whose lock is free
