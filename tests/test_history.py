@@ -304,6 +304,29 @@ def test_first_claims_of_two_slots_under_allow_all_wait_for_each_other(alias: st
     assert slots == [slots[0] + dt.timedelta(seconds=n) for n in range(len(slots))]
 
 
+def overran(
+    alias: str, name: str, *, days_ago: int, lasted: float
+) -> tuple[dt.datetime, dt.datetime]:
+    """A daily job's run ``days_ago`` slots back that lasted ``lasted`` days (its end
+    recorded); that slot, and today's."""
+    from django_exclusive_jobs.lock.clock import database_now
+    from django_exclusive_jobs.run.schedules import Every
+
+    day = dt.timedelta(days=1)
+    current = Every(period=day).slot_at(database_now(alias))
+    ran = current - days_ago * day
+    JobRun.objects.using(alias).create(
+        name=name,
+        slot=ran,
+        status=RunStatus.SUCCEEDED,
+        token=1,
+        started_at=ran,
+        finished_at=ran + lasted * day,
+        duration=lasted * day.total_seconds(),
+    )
+    return ran, current
+
+
 def test_a_claim_that_fails_between_its_writes_leaves_none_of_its_rows(alias: str) -> None:
     """A claim that records a slot missed and an older one skipped writes them (and its
     run) together: failing between them leaves none, not the newer slot's row without
@@ -311,30 +334,17 @@ def test_a_claim_that_fails_between_its_writes_leaves_none_of_its_rows(alias: st
     would never get one; found by the protocol's model with four slots)."""
     from django.db import connections
 
-    from django_exclusive_jobs.lock.clock import database_now
-    from django_exclusive_jobs.run.schedules import Every
-
     name = "hist-writes-together"
-    day = dt.timedelta(days=1)
     calls: list[int] = []
 
     @exclusive_job(name, using=alias, every="1d", overlap="skip")
     def job() -> None:
         calls.append(1)
 
-    current = Every(period=day).slot_at(database_now(alias))
     # The run of the slot three days ago lasted a day and a half: the next slot came
     # during it (skipped), the one after did not (missed), and today's runs.
-    ran = current - 3 * day
-    JobRun.objects.using(alias).create(
-        name=name,
-        slot=ran,
-        status=RunStatus.SUCCEEDED,
-        token=1,
-        started_at=ran,
-        finished_at=ran + 1.5 * day,
-        duration=1.5 * day.total_seconds(),
-    )
+    ran, current = overran(alias, name, days_ago=3, lasted=1.5)
+    day = dt.timedelta(days=1)
 
     def fail_the_skipped_rows(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         if sql.lstrip().upper().startswith("INSERT") and RunStatus.SKIPPED in list(params or []):
@@ -363,30 +373,17 @@ def test_buffer_all_leaves_no_buffered_slot_behind_a_newer_missed_one(alias: str
     a slot missed (no server was up after the run), none may be left older than that
     row: the next start looks after the newest row and would never find it. They are
     skipped (found by the protocol's model; the starts are direct calls, one claim each)."""
-    from django_exclusive_jobs.lock.clock import database_now
-    from django_exclusive_jobs.run.schedules import Every
-
     name = "hist-buffer-all"
-    day = dt.timedelta(days=1)
     calls: list[int] = []
 
     @exclusive_job(name, using=alias, every="1d", overlap="buffer_all")
     def job() -> None:
         calls.append(1)
 
-    current = Every(period=day).slot_at(database_now(alias))
     # The run of the slot four days ago lasted two and a half days: the next two slots
     # came during it, yesterday's after it (no server up), and today's is due.
-    ran = current - 4 * day
-    JobRun.objects.using(alias).create(
-        name=name,
-        slot=ran,
-        status=RunStatus.SUCCEEDED,
-        token=1,
-        started_at=ran,
-        finished_at=ran + 2.5 * day,
-        duration=2.5 * day.total_seconds(),
-    )
+    ran, current = overran(alias, name, days_ago=4, lasted=2.5)
+    day = dt.timedelta(days=1)
     for _ in range(3):
         job()
     rows = JobRun.objects.using(alias).filter(name=name).order_by("slot")
