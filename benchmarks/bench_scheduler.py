@@ -34,6 +34,9 @@ Measurements (``--measure``, comma-separated; default all four):
   ``--rss-slots`` slots have run: VmRSS of the scheduler, its fork server and resource
   tracker after the warm-up (``--rss-warmup`` slots) and every so often until the end.
 
+``--in-process`` declares the jobs ``in_process=True``: the scheduler runs them in a
+thread of its own process instead of a child process each.
+
 Every table prints the load average (``/proc/loadavg``) at its start and end: the
 machine may be shared, and a figure taken under load says so.
 """
@@ -752,6 +755,9 @@ def main() -> None:
     parser.add_argument("--rss-slots", type=int, default=10_000)
     parser.add_argument("--rss-warmup", type=int, default=1_000)
     parser.add_argument(
+        "--in-process", action="store_true", help="jobs run in the scheduler's process"
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="5 schedulers x 10 jobs for 60 s; child 20 s; idle 30 s; 2,000 slots",
@@ -761,6 +767,8 @@ def main() -> None:
         args.schedulers, args.jobs, args.seconds = 5, 10, 60
         args.child_seconds, args.idle_seconds, args.rss_slots, args.rss_warmup = 20, 30, 2_000, 500
     measures = {part.strip() for part in args.measure.split(",")}
+    if args.in_process:
+        os.environ["BENCH_IN_PROCESS"] = "1"  # every process's environment (project_env)
     if args.max_concurrent is not None:
         SCHEDULER_ARGS.extend(["--max-concurrent", str(args.max_concurrent)])
     # As an installed package is: no process measures Python's compiler.
@@ -768,6 +776,8 @@ def main() -> None:
         compileall.compile_dir(folder, quiet=1)
     prepare_database(args.backend)
     print(f"machine: {describe_machine()}")
+    where = "in the scheduler (in_process=True)" if args.in_process else "each in a process"
+    print(f"jobs run: {where}")
     measured = code()
     if "cluster" in measures:
         print_cluster(

@@ -50,10 +50,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 
 
 def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """The ``jobs`` modules that raised when Django started (see ``autodiscover``)."""
-    from .run.registry import startup_problems
+    """The ``jobs`` modules that raised when Django started (see ``autodiscover``), and
+    the ``in_process=True`` jobs that the ``TIMEOUT`` setting puts in a process."""
+    from .run.registry import all_jobs, startup_problems
 
-    return [
+    messages: list[CheckMessage] = [
         Error(
             str(problem),
             hint="Fix the declaration: until then the jobs of this module are not "
@@ -62,6 +63,22 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
         )
         for problem in startup_problems
     ]
+    try:
+        moved = [job.name for job in all_jobs() if job.in_process and not job.runs_in_thread]
+    except Exception:  # a bad TIMEOUT: E003 says so
+        moved = []
+    if moved:
+        messages.append(
+            Warning(
+                f"{SETTING}['TIMEOUT'] gives in_process=True job(s) a timeout, which "
+                f"nothing could enforce in a thread, so the scheduler runs them in a "
+                f"process of their own: {', '.join(moved)}.",
+                hint=f"Drop {SETTING}['TIMEOUT'] and give timeout= to the jobs that "
+                "need one, or leave in_process out of these.",
+                id=PREFIX + "W005",
+            )
+        )
+    return messages
 
 
 def configuration_error() -> str | None:

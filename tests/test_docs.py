@@ -1509,6 +1509,12 @@ def test_scheduler_timeout_sample() -> None:
     assert job is not None and job.time_limit == 45 * 60
 
 
+def test_scheduler_in_process_sample() -> None:
+    load_sample("scheduler_in_process", delete_expired_sessions=lambda: None)
+    job = registry.get_job("clear_sessions")
+    assert job is not None and job.in_process and job.runs_in_thread
+
+
 def test_scheduler_slot_missed_sample(sqlite: str, caplog: pytest.LogCaptureFixture) -> None:
     from django_exclusive_jobs import exclusive_job
     from django_exclusive_jobs.lock.clock import database_now

@@ -54,6 +54,7 @@ def exclusive_job(
     kwargs: dict[str, Any] | None = None,
     schedules: dict[str, dict[str, Any]] | None = None,
     pause_after: int | None = None,
+    in_process: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -81,6 +82,7 @@ def exclusive_job(
     kwargs: dict[str, Any] | None = None,
     schedules: dict[str, dict[str, Any]] | None = None,
     pause_after: int | None = None,
+    in_process: bool = False,
     **removed: Any,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
@@ -129,6 +131,10 @@ def exclusive_job(
     declares several schedules, each a job of its own named ``NAME:daily``.
     ``pause_after=3`` pauses the job once its last 3 runs have failed (a slot's last
     attempt each): a health problem and the ``job_paused`` signal, until resumed.
+    ``in_process=True`` has the scheduler run it in a thread of its own process instead
+    of a child process: far less CPU per run, for light jobs, but a run cannot be
+    stopped (no ``timeout=``, no ``overlap="cancel_other"``) and a crash of the
+    interpreter takes the scheduler with it (see ``run/thread.py``).
     """
     if callable(name):
         return exclusive_job()(name)
@@ -179,6 +185,16 @@ def exclusive_job(
             f"pause_after must be a whole number of failures of 1 or more, got {pause_after!r}."
         )
 
+    if not isinstance(in_process, bool):
+        raise LockConfigurationError(f"in_process must be True or False, not {in_process!r}.")
+    if in_process and (time_limit is not None or overlap == "cancel_other"):
+        stopper = "timeout=" if time_limit is not None else "overlap='cancel_other'"
+        raise LockConfigurationError(
+            f"in_process=True runs the job in a thread of the scheduler, which nothing can "
+            f"stop, so {stopper} could not stop it: leave in_process out (a child process) "
+            f"or drop {stopper}."
+        )
+
     def make_jobs(func: Callable[..., Any], task: Any = None) -> list[Job]:
         """The jobs ``func`` runs as, named ``name`` or ``module.qualname`` (plus
         ``:schedule`` for each of several schedules), their arguments checked."""
@@ -219,6 +235,7 @@ def exclusive_job(
                     jitter=spread[key],
                     kwargs=arguments,
                     pause_after=pause_after,
+                    in_process=in_process,
                 )
             )
         return jobs

@@ -81,6 +81,23 @@ class Outcome:
     lease_ended: float | None = None  # when the guard stopped it for want of a renewal
     timed_out: float | None = None  # when the guard stopped it at its timeout
 
+    @classmethod
+    def of(cls, returncode: int, report: dict[str, Any]) -> Outcome:
+        """The outcome a run's report (see :func:`execute`, and the guard's) tells."""
+        error = None
+        if "error_type" in report:
+            error = JobFailed(report["error_type"], report["traceback"])
+        return cls(
+            returncode,
+            error=error,
+            interrupted_by=report.get("interrupted_by"),
+            finished=bool(report.get("finished")),
+            enqueued=report.get("enqueued"),
+            ended=report.get("ended"),
+            lease_ended=report.get("lease_ended"),
+            timed_out=report.get("timed_out"),
+        )
+
 
 class JobProcess:
     """One job run in a child process. The scheduler's main thread drives it.
@@ -90,6 +107,8 @@ class JobProcess:
     :meth:`extend` (from the keep-alive thread) tells the child's guard the lease's new
     deadline.
     """
+
+    stoppable = True  # by signals to its process group (an in-process run is not)
 
     def __init__(
         self,
@@ -159,20 +178,7 @@ class JobProcess:
                 self._killer.cancel()
             self.reader.close()
         self._signal_group(signal.SIGKILL)  # what the job started and left behind
-        report = self._report
-        error = None
-        if "error_type" in report:
-            error = JobFailed(report["error_type"], report["traceback"])
-        return Outcome(
-            exitcode,
-            error=error,
-            interrupted_by=report.get("interrupted_by"),
-            finished=bool(report.get("finished")),
-            enqueued=report.get("enqueued"),
-            ended=report.get("ended"),
-            lease_ended=report.get("lease_ended"),
-            timed_out=report.get("timed_out"),
-        )
+        return Outcome.of(exitcode, self._report)
 
     def stop(self, signum: int = signal.SIGTERM, *, kill_after: float | None = None) -> None:
         """Ask the job to stop (SIGTERM to its process group); SIGKILL it ``kill_after``
@@ -219,12 +225,47 @@ def main(
     os.setsid()  # its own process group: a stop reaches the job's own children too
     timeout_at = None if timeout is None else time.monotonic() + timeout
     guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at))
+    from .shutdown import stop_on_signals
+
+    code = 1
+    try:
+        with stop_on_signals():  # SIGTERM, SIGINT: Interrupted raised in the job
+            said = execute(name, slot, kwargs, token, trace, setup_failure=setup_failure)
+        if said.get("finished"):
+            code = 0
+        elif said.get("interrupted_by"):
+            code = 128 + said["interrupted_by"]
+        report.send(said)
+    except BaseException:  # the scheduler is gone (no one to report to), or a 2nd signal
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.close(job_alive)  # the guard sees the job end, and exits
+    with suppress(ChildProcessError):
+        os.waitpid(guard, 0)
+    os._exit(code)  # no atexit handlers of the fork server's
+
+
+def execute(
+    name: str,
+    slot: Any,
+    kwargs: dict[str, Any],
+    token: int | None,
+    trace: dict[str, str],
+    *,
+    setup_failure: str = "",
+) -> dict[str, Any]:
+    """Run job ``name`` for ``slot`` with the run's ``kwargs`` (those its history row
+    records: a request's over the declared ones) and its fencing ``token``, in this
+    thread; what the run's report says: it returned (and what it enqueued), was
+    interrupted, or raised (its traceback). Never raises; the thread's database
+    connections are closed at the end. A child process and an in-process run
+    (``thread.py``) both run a job this way."""
     from django.db import connections
 
     from .registry import get_job
-    from .shutdown import Interrupted, stop_on_signals
+    from .shutdown import Interrupted
 
-    code = 0
     try:
         if setup_failure:
             raise RuntimeError(
@@ -234,29 +275,21 @@ def main(
         job = get_job(name)
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
-        with stop_on_signals(), _traced(trace):
+        with _traced(trace):
             value = job.with_arguments(kwargs).call(slot, token)
         enqueued = value if isinstance(value, Enqueued) else None
-        report.send({"finished": True, "enqueued": enqueued, "ended": time.monotonic()})
+        return {"finished": True, "enqueued": enqueued, "ended": time.monotonic()}
     except Interrupted as exc:
-        report.send({"interrupted_by": exc.signum, "ended": time.monotonic()})
-        code = 128 + exc.signum
+        return {"interrupted_by": exc.signum, "ended": time.monotonic()}
     except BaseException as exc:  # everything a job raises is reported
         from .history import bounded_traceback
 
         ended = time.monotonic()
         error = {"error_type": type(exc).__qualname__, "traceback": bounded_traceback(exc)}
-        report.send({**error, "ended": ended})
-        code = 1
+        return {**error, "ended": ended}
     finally:
         with suppress(Exception):
             connections.close_all()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.close(job_alive)  # the guard sees the job end, and exits
-    with suppress(ChildProcessError):
-        os.waitpid(guard, 0)
-    os._exit(code)  # no atexit handlers of the fork server's
 
 
 @dataclass

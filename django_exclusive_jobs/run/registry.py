@@ -53,6 +53,9 @@ class Job:
     kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     # Paused by the app after this many failed runs in a row (None: never).
     pause_after: int | None = None
+    # The scheduler runs it in a thread of its own process, not a child process (see
+    # ``thread.py`` and :attr:`runs_in_thread`).
+    in_process: bool = False
     # The arguments this run was asked for with (run now), over ``kwargs``: they win over
     # an operator's override of the kwargs too (see ``overrides.apply``).
     given: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -102,6 +105,13 @@ class Job:
         if timeout is None:
             return None
         return parse_duration(timeout, what="timeout").total_seconds()
+
+    @property
+    def runs_in_thread(self) -> bool:
+        """The scheduler runs it in a thread of its own process (``in_process=True``,
+        see ``thread.py``), unless its run must be stoppable: it has a timeout (from
+        the ``TIMEOUT`` setting or an operator's override) or ``overlap="cancel_other"``."""
+        return self.in_process and self.time_limit is None and self.overlap != "cancel_other"
 
     @property
     def buffers(self) -> bool:

@@ -39,6 +39,7 @@ from .tasks import Enqueued
 if TYPE_CHECKING:
     from ..models import JobState, RunRequest
     from .process import JobProcess, Outcome
+    from .thread import JobThread
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -273,15 +274,27 @@ class Run:
         await sync_to_async(self.finish, thread_sensitive=True)(result)
         return result
 
-    def start_child(self, lock: Lock, *, grace: float) -> JobProcess | RunResult:
-        """Start the job in a process of its own; the ended result if it could not."""
+    def start_child(self, lock: Lock, *, grace: float) -> JobProcess | JobThread | RunResult:
+        """Start the job in a process of its own (or, ``in_process=True``, a thread of
+        this one); the ended result if it could not."""
         from ..integrations import trace_context
         from ..lock.keepalive import watchdog_margin
         from .process import JobProcess
+        from .thread import JobThread
 
         result = self.begin(lock)
         with self._executing(result):
             self._may_start(lock)
+            child: JobProcess | JobThread
+            if self.job.runs_in_thread:
+                child = JobThread(
+                    self.name,
+                    self.job_slot,
+                    kwargs=self.job.kwargs,
+                    trace=trace_context(lock),
+                    token=lock.token,
+                )
+                return child
             margin = watchdog_margin(lock.ttl.total_seconds())
             child = JobProcess(
                 self.name,
@@ -301,7 +314,7 @@ class Run:
             return child
         return self.finish(result)
 
-    def end_child(self, child: JobProcess, outcome: Outcome) -> RunResult:
+    def end_child(self, child: JobProcess | JobThread, outcome: Outcome) -> RunResult:
         """Record and finish the run whose process ended with ``outcome``."""
         from .process import JobFailed
 

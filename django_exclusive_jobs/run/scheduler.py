@@ -38,6 +38,7 @@ from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import Run, RunResult
 from .shutdown import stop_on_signals
+from .thread import JobThread
 
 if TYPE_CHECKING:
     from ..models import RunRequest
@@ -57,7 +58,7 @@ class Active:
 
     job: Job
     run: Run
-    process: JobProcess
+    process: JobProcess | JobThread  # in_process=True: a thread of this process
 
 
 class Outage:
@@ -221,7 +222,8 @@ class Scheduler:
             self.outage.ended()
             self.began = True
             self.next_beat = time.monotonic() + _beat_seconds()
-            warm_up()
+            if not all(job.runs_in_thread for job in self.on_request.values()):
+                warm_up()  # else started on first use (an override's timeout, say)
             said = (
                 f"scheduler started: {len(self.jobs)} job(s), max {self.max_concurrent} at "
                 f"once; the database's clock is {self.clock.offset:+.3f}s from this server's"
@@ -677,9 +679,16 @@ class Scheduler:
             self._keep_time()  # still alive while its jobs end
         for active in self.running.values():
             active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
-        while self.running:
+        while any(active.process.stoppable for active in self.running.values()):
             self._wait(0.2)
             self._reap()
+        if self.running:  # in-process runs: nothing can stop them (see thread.py)
+            said = (
+                f"leaving {len(self.running)} in-process run(s) to their lease: "
+                f"{', '.join(sorted(self.running))} (not released; the server that takes "
+                "the lock over records the run)"
+            )
+            self.say(line("scheduler", said, status="stopping"), False)
         try:
             self._write_unwritten_ends()
         except LockDatabaseError as exc:

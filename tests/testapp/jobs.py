@@ -151,6 +151,19 @@ def long_tick(slot: object) -> None:
     mark(f"long_tick-end {slot.isoformat()}")  # type: ignore[attr-defined]
 
 
+@exclusive_job("light_tick", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, in_process=True)
+def light_tick(slot: object) -> None:
+    """In the scheduler's own process: the pid it marks is the scheduler's."""
+    mark(f"light_tick {slot.isoformat()}")  # type: ignore[attr-defined]
+    time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
+
+
+@exclusive_job("light_broken", every=os.environ.get("TICK_EVERY", "2s"), in_process=True)
+def light_broken() -> None:
+    mark("light_broken")
+    raise RuntimeError("the light job fell over")
+
+
 @exclusive_job("steady", every=os.environ.get("TICK_EVERY", "2s"), ttl=30)
 def steady(slot: object) -> None:
     """A long lease: a short database outage during the run does not end it."""

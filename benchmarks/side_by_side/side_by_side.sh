@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# CPU per run, side by side on PostgreSQL: procrastinate's periodic tasks (one worker,
+# --concurrency 10) and one exclusive_scheduler, its jobs in a process each and in its
+# own process (in_process=True); 20 jobs due every second, each run one line to a file.
+#
+#   bash benchmarks/side_by_side/side_by_side.sh [SECONDS] [ROUNDS]   (40 s, 2 rounds)
+#
+# Per variant: the application's CPU (utime + stime of the process and every process
+# under it, theirs and their ended children's, from /proc) and the database server's (every postgres process; backends that
+# exit during the window are not counted, so it is approximate), divided by the runs
+# its file gained in the window, after 8 s of warm-up; and (job, slot) pairs run twice.
+# procrastinate goes in a virtualenv of its own (/tmp/side-by-side-venv, from PyPI).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+WINDOW=${1:-40}
+ROUNDS=${2:-2}
+ROOT=$PWD
+OUT=$(mktemp -d /tmp/side-by-side-XXXX)
+PSQL=(psql -h 127.0.0.1 -U postgres -X -q -v ON_ERROR_STOP=1)
+PVENV=/tmp/side-by-side-venv
+TCK=$(getconf CLK_TCK)
+
+if [ ! -x "$PVENV/bin/procrastinate" ]; then
+    python3 -m venv "$PVENV"
+    "$PVENV/bin/pip" install -q procrastinate 'psycopg[binary]'
+fi
+for db in bench_procrastinate bench_scheduler; do
+    if [ "$("${PSQL[@]}" -d postgres -tAc "select 1 from pg_database where datname='$db'")" != 1 ]; then
+        "${PSQL[@]}" -d postgres -c "create database $db"
+    fi
+done
+export SIDE_DSN=postgresql://postgres@127.0.0.1:5432/bench_procrastinate
+if [ "$("${PSQL[@]}" -d bench_procrastinate -tAc "select to_regclass('procrastinate_jobs') is not null")" != t ]; then
+    PYTHONPATH="$ROOT/benchmarks/side_by_side" PROCRASTINATE_APP=procrastinate_app.app \
+        "$PVENV/bin/procrastinate" schema --apply > /dev/null
+fi
+BENCH_ENV=(BENCH_BACKEND=postgresql DJANGO_SETTINGS_MODULE=scheduler_bench.settings
+    PYTHONPATH="$ROOT/benchmarks:$ROOT" BENCH_JOBS=20 BENCH_EVERY=1s)
+env "${BENCH_ENV[@]}" .venv/bin/python -m django migrate -v 0
+
+ticks() {  # utime + stime of one process, and of its children it has waited for (0 once gone)
+    local stat
+    stat=$(cat "/proc/$1/stat" 2> /dev/null) || { echo 0; return; }
+    set -- ${stat##*) }
+    echo $(( ${12} + ${13} + ${14} + ${15} ))
+}
+tree() {  # the process and every process under it
+    local child
+    echo "$1"
+    for child in $(cat /proc/"$1"/task/*/children 2> /dev/null); do tree "$child"; done
+}
+tree_ticks() { local t=0 p; for p in $(tree "$1"); do t=$(( t + $(ticks "$p") )); done; echo $t; }
+pg_ticks() { local t=0 p; for p in $(pgrep -u postgres); do t=$(( t + $(ticks "$p") )); done; echo $t; }
+
+measure() {  # LABEL RUNS_FILE COMMAND...: one line of figures
+    local label=$1 runs=$2; shift 2
+    : > "$runs"
+    "$@" > "$OUT/$label.log" 2>&1 &
+    local pid=$!
+    sleep 8
+    local a0 p0 r0 a1 p1 r1
+    a0=$(tree_ticks $pid); p0=$(pg_ticks); r0=$(wc -l < "$runs")
+    sleep "$WINDOW"
+    a1=$(tree_ticks $pid); p1=$(pg_ticks); r1=$(wc -l < "$runs")
+    kill -TERM $pid; wait $pid || true
+    local doubled
+    doubled=$(sed -n "$((r0 + 1)),${r1}p" "$runs" | awk '{print $1, $2}' | sort | uniq -d | wc -l)
+    awk -v l="$label" -v n=$((r1 - r0)) -v a=$((a1 - a0)) -v p=$((p1 - p0)) -v t="$TCK" \
+        -v d="$doubled" -v w="$WINDOW" 'BEGIN {
+        printf "| %s | %d | %.1f | %.2f | %.2f | %d |\n", l, n, n / w, a * 1000 / t / n, p * 1000 / t / n, d }'
+}
+
+clear_ours() {
+    env "${BENCH_ENV[@]}" .venv/bin/python -c "
+import sys; sys.path.insert(0, 'benchmarks')
+from bench_scheduler import prepare_database, clear_tables
+prepare_database('postgresql'); clear_tables()" > /dev/null
+}
+
+version=$("$PVENV/bin/python" -c 'import importlib.metadata as m; print(m.version("procrastinate"))')
+echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); procrastinate $version; ${WINDOW} s per variant after 8 s of warm-up"
+echo
+echo "| variant | runs | runs/s | application CPU ms/run | database server CPU ms/run | doubled |"
+echo "|---|---|---|---|---|---|"
+for _ in $(seq "$ROUNDS"); do
+    "${PSQL[@]}" -d bench_procrastinate -c "truncate procrastinate_jobs, procrastinate_periodic_defers, procrastinate_events, procrastinate_workers restart identity cascade"
+    measure "procrastinate $version, 1 worker" "$OUT/procrastinate.txt" \
+        env SIDE_RUNS_FILE="$OUT/procrastinate.txt" PYTHONPATH="$ROOT/benchmarks/side_by_side" \
+        PROCRASTINATE_APP=procrastinate_app.app \
+        "$PVENV/bin/procrastinate" --log-level=warning worker --concurrency=10
+    for in_process in 1 0; do
+        clear_ours
+        label="exclusive_scheduler, $([ $in_process = 1 ] && echo in_process=True || echo a process per run)"
+        measure "$label" "$OUT/ours-$in_process.txt" \
+            env "${BENCH_ENV[@]}" BENCH_IN_PROCESS=$in_process BENCH_RUNS_FILE="$OUT/ours-$in_process.txt" \
+            .venv/bin/python -m django exclusive_scheduler --database default -v 0
+    done
+done
+echo
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); logs in $OUT"

@@ -1,0 +1,90 @@
+"""A light job run in a thread of the scheduler's own process: ``in_process=True``.
+
+By default the scheduler runs each job in a child process (``process.py``), which is
+what makes a hung job stoppable and a crashing one harmless. Forking that process and its
+guard is most of what a run costs the server (see the docs' performance page); a job
+that does little (clears expired sessions, enqueues a task, sends one request) can
+opt out of it and run here, as ``run_exclusive`` runs every job: in its own process.
+
+What it gives up, and why it is opt-in:
+
+* Nothing can stop a thread. An in-process job has no timeout (the decorator refuses
+  ``timeout=``; one from the ``TIMEOUT`` setting or an operator's override, or
+  ``overlap="cancel_other"``, runs it in a child process after all:
+  :attr:`Job.runs_in_thread`). A run whose lock is lost goes on until it returns, as a
+  job run by ``run_exclusive`` does; its fencing token refuses its late writes.
+* A crash of the interpreter (a fault in a C extension, ``os._exit``) ends the
+  scheduler with it: as after any crash, its runs' slots are taken over when their
+  leases end.
+* At a stop, a run still going once the grace is over is left to its lease: the
+  scheduler exits without releasing its lock, and the server that takes the lock over
+  records the run as a crashed server's.
+
+The scheduler drives a :class:`JobThread` as it drives a :class:`JobProcess`: it waits
+on :meth:`waitables`, and :meth:`poll` gives the run's :class:`Outcome` once it ended.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from .process import Outcome, execute
+
+
+class JobThread:
+    """One run of a job in a thread of this process (the scheduler's)."""
+
+    stoppable = False  # a stop (SIGTERM, a lost lock) cannot reach a thread
+    stopped_by = None  # so no run of it is ever recorded as stopped by a signal
+
+    def __init__(
+        self,
+        name: str,
+        slot: Any,
+        *,
+        kwargs: dict[str, Any] | None = None,
+        trace: dict[str, str] | None = None,
+        token: int | None = None,
+    ) -> None:
+        # The thread writes one byte here when the job has ended: the scheduler's wait
+        # wakes on it as on a child process's exit.
+        self._ended_read, self._ended_write = os.pipe()
+        self._report: dict[str, Any] | None = None
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(name, slot, kwargs or {}, token, trace or {}),
+            name=f"exclusive-jobs-run:{name}",
+            daemon=True,  # a stopping scheduler does not wait for it past the grace
+        )
+        self._thread.start()
+
+    def _run(
+        self, name: str, slot: Any, kwargs: dict[str, Any], token: int | None, trace: Any
+    ) -> None:
+        try:
+            self._report = execute(name, slot, kwargs, token, trace)
+        finally:
+            os.write(self._ended_write, b"x")
+
+    def waitables(self) -> list[Any]:
+        return [self._ended_read] if self._ended_read >= 0 else []
+
+    def poll(self) -> Outcome | None:
+        """The run's outcome once the job has ended, else None."""
+        report = self._report
+        if report is None:
+            return None
+        self._thread.join()
+        if self._ended_read >= 0:
+            os.close(self._ended_read)
+            os.close(self._ended_write)
+            self._ended_read = self._ended_write = -1
+        return Outcome.of(0 if report.get("finished") else 1, report)
+
+    def stop(self, signum: int = 0, *, kill_after: float | None = None) -> None:
+        """Nothing: a thread cannot be stopped (see the module's docstring)."""
+
+    def extend(self, deadline: float) -> None:
+        """Nothing: there is no guard; the scheduler's keep-alive renews the lease."""
