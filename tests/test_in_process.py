@@ -7,12 +7,14 @@ Real scheduler processes on every backend (tests/testapp/jobs.py's ``light_tick`
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from django.test import override_settings
 
 from django_exclusive_jobs import exclusive_job
+from django_exclusive_jobs.lock.acquire import force_release
 from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.models import JobLock, JobRun, JobState
 from django_exclusive_jobs.run import overrides
@@ -47,6 +49,8 @@ def test_two_schedulers_run_each_slot_of_an_in_process_job_once_in_their_own_pro
         start_scheduler(schedulers, alias, "--jobs", "light_tick", "light_broken", env=env)
     wait_for(lambda: succeeded(alias, "light_tick") >= 4, timeout=60)
     wait_for(lambda: JobRun.objects.using(alias).filter(name="light_broken").count() >= 3)
+    # No fork server (nor anything else) was started: every job runs in the scheduler.
+    assert all(children(process.pid) == [] for process in schedulers)
     for process in schedulers:
         stop(process)
 
@@ -58,7 +62,6 @@ def test_two_schedulers_run_each_slot_of_an_in_process_job_once_in_their_own_pro
     # In the schedulers themselves: no child process ran it.
     schedulers_pids = {process.pid for process in schedulers}
     assert pids(marker, "light_tick") <= schedulers_pids
-    assert {run.pid for run in rows} <= schedulers_pids
     # A job that raises is recorded failed with its traceback; the scheduler goes on.
     broken = history(alias, "light_broken")
     assert {run.status for run in broken} == {"failed"}
@@ -69,29 +72,72 @@ def test_two_schedulers_run_each_slot_of_an_in_process_job_once_in_their_own_pro
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("job", ["light_tick", "light_async"])
 def test_an_in_process_run_past_the_grace_is_left_to_its_lease_and_taken_over(
-    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]], job: str
 ) -> None:
     env = scheduler_env(marker, JOB_SECONDS="120")
-    first = start_scheduler(schedulers, alias, "--jobs", "light_tick", "--grace", "1", env=env)
-    wait_for(lambda: sum(executions(marker, "light_tick").values()) == 1, timeout=60)
+    first = start_scheduler(schedulers, alias, "--jobs", job, "--grace", "1", env=env)
+    wait_for(lambda: sum(executions(marker, job).values()) == 1, timeout=60)
+    began = time.monotonic()
     _, err = stop(first, timeout=30)
-    assert "leaving 1 in-process run(s) to their lease: light_tick" in err
+    # The process ended at once, though the job's thread (or an async job's event loop
+    # thread, which the interpreter's exit would wait for) still ran.
+    assert time.monotonic() - began < 15
+    assert f"leaving 1 in-process run(s) to their lease: {job}" in err
     # Nothing can stop the thread, so nothing was released: the lock stays held until its
     # lease ends, and no other server runs the job meanwhile.
-    [left] = history(alias, "light_tick")
+    [left] = history(alias, job)
     assert left.status == "running"
-    lock = JobLock.objects.using(alias).get(name="light_tick")
+    lock = JobLock.objects.using(alias).get(name=job)
     assert lock.released_at is None and lock.token == left.token
 
     second_env = scheduler_env(marker, JOB_SECONDS="0")
-    second = start_scheduler(schedulers, alias, "--jobs", "light_tick", env=second_env)
-    wait_for(lambda: succeeded(alias, "light_tick") >= 1, timeout=60)
+    second = start_scheduler(schedulers, alias, "--jobs", job, env=second_env)
+    wait_for(lambda: succeeded(alias, job) >= 1, timeout=60)
     stop(second)
     left.refresh_from_db()
     assert left.status == "lost"  # as a crashed server's run
-    later = [run for run in history(alias, "light_tick") if run.pk != left.pk]
+    later = [run for run in history(alias, job) if run.pk != left.pk]
     assert later and all(run.token > left.token for run in later)
+    assert len(pids(marker, job)) == 2  # one run in each scheduler, none in a child
+
+
+def test_an_overridden_timeout_runs_an_in_process_job_in_a_process_and_stops_it(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    job = get_job("light_tick")
+    assert job is not None
+    overrides.override(job, {"timeout": 1}, reason="test", by="ops", using=alias)
+    env = scheduler_env(marker, JOB_SECONDS="30")
+    process = start_scheduler(schedulers, alias, "--jobs", "light_tick", env=env)
+    wait_for(lambda: JobRun.objects.using(alias).filter(status="timed_out").exists())
+    stop(process)
+    timed_out = [run for run in history(alias, "light_tick") if run.status == "timed_out"]
+    assert timed_out and timed_out[0].duration is not None and timed_out[0].duration < 10
+    # It ran in a process of its own, which the timeout could stop.
+    assert process.pid not in pids(marker, "light_tick")
+
+
+def test_an_in_process_run_whose_lock_is_lost_goes_on_until_it_returns_and_is_lost(
+    alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
+) -> None:
+    env = scheduler_env(marker, JOB_SECONDS="4")
+    process = start_scheduler(schedulers, alias, "--jobs", "light_tick", env=env)
+    wait_for(lambda: sum(executions(marker, "light_tick").values()) == 1, timeout=60)
+    assert force_release("light_tick", using=alias)  # an operator, in the admin
+    wait_for(lambda: JobRun.objects.using(alias).filter(status="lost").exists(), timeout=30)
+    stop(process)
+    [lost, *_] = history(alias, "light_tick")
+    # Nothing could stop it: it ran its 4 s, as a job under run_exclusive would.
+    assert lost.status == "lost" and lost.duration is not None and lost.duration >= 4
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
 
 
 # --- what may run in a thread -----------------------------------------------------------

@@ -83,11 +83,12 @@ def carrier_of(lock: Lock) -> dict[str, str]:
 
 
 @contextmanager
-def continued(carrier: dict[str, str]) -> Iterator[None]:
-    """In the job's own process (the scheduler's child): while the job runs, the run's
-    span (in the scheduler) is the parent of what it traces; what it traced is flushed
-    before the process ends (it ends with ``os._exit``). A failure here is one warning
-    line; the job runs all the same."""
+def continued(carrier: dict[str, str], *, flush: bool = True) -> Iterator[None]:
+    """Where the scheduler runs the job (its child process, or a thread of its own for
+    ``in_process=True``): while the job runs, the run's span is the parent of what it
+    traces. ``flush``: what it traced is exported at the end (a child process ends with
+    ``os._exit``; a thread leaves it to the scheduler's exporter). A failure here is one
+    warning line; the job runs all the same."""
     token = None
     try:
         from opentelemetry import context, propagate
@@ -103,9 +104,9 @@ def continued(carrier: dict[str, str]) -> Iterator[None]:
 
             if token is not None:
                 context.detach(token)
-            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-            if flush is not None:
-                flush()
+            export = getattr(trace.get_tracer_provider(), "force_flush", None)
+            if flush and export is not None:
+                export()
         except Exception as exc:
             logger.warning("%s: could not export the job's spans: %s", TOOL, exc)
 

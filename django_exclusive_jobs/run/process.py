@@ -32,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -72,7 +73,7 @@ class JobFailed(Exception):
 class Outcome:
     """How a child ended: its exit code and what it reported before exiting."""
 
-    returncode: int
+    returncode: int | None  # None: an in-process run (a thread, see thread.py)
     error: JobFailed | None = None
     interrupted_by: int | None = None  # the signal that stopped the job in the child
     finished: bool = False  # the job's function returned
@@ -82,7 +83,7 @@ class Outcome:
     timed_out: float | None = None  # when the guard stopped it at its timeout
 
     @classmethod
-    def of(cls, returncode: int, report: dict[str, Any]) -> Outcome:
+    def of(cls, returncode: int | None, report: dict[str, Any]) -> Outcome:
         """The outcome a run's report (see :func:`execute`, and the guard's) tells."""
         error = None
         if "error_type" in report:
@@ -225,19 +226,30 @@ def main(
     os.setsid()  # its own process group: a stop reaches the job's own children too
     timeout_at = None if timeout is None else time.monotonic() + timeout
     guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at))
+    from django.db import connections
+
     from .shutdown import stop_on_signals
 
-    code = 1
-    try:
-        with stop_on_signals():  # SIGTERM, SIGINT: Interrupted raised in the job
-            said = execute(name, slot, kwargs, token, trace, setup_failure=setup_failure)
-        if said.get("finished"):
-            code = 0
-        elif said.get("interrupted_by"):
-            code = 128 + said["interrupted_by"]
-        report.send(said)
-    except BaseException:  # the scheduler is gone (no one to report to), or a 2nd signal
-        pass
+    # SIGTERM, SIGINT: Interrupted raised in the job while it runs; outside it, their
+    # default action ends the process.
+    said = execute(
+        name,
+        slot,
+        kwargs,
+        token,
+        trace,
+        setup_failure=setup_failure,
+        around=stop_on_signals,
+        flush=True,  # what it traced: this process ends with os._exit
+    )
+    report.send(said)
+    with suppress(Exception):
+        connections.close_all()
+    code = 1  # it raised
+    if said.get("finished"):
+        code = 0
+    elif "interrupted_by" in said:
+        code = 128 + said["interrupted_by"]
     sys.stdout.flush()
     sys.stderr.flush()
     os.close(job_alive)  # the guard sees the job end, and exits
@@ -254,15 +266,16 @@ def execute(
     trace: dict[str, str],
     *,
     setup_failure: str = "",
+    around: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    flush: bool = False,
 ) -> dict[str, Any]:
     """Run job ``name`` for ``slot`` with the run's ``kwargs`` (those its history row
     records: a request's over the declared ones) and its fencing ``token``, in this
-    thread; what the run's report says: it returned (and what it enqueued), was
-    interrupted, or raised (its traceback). Never raises; the thread's database
-    connections are closed at the end. A child process and an in-process run
-    (``thread.py``) both run a job this way."""
-    from django.db import connections
-
+    thread, inside ``around()`` (``flush``: export what it traced at the end); what the
+    run's report says: it returned (and what it
+    enqueued), was interrupted, or raised (its traceback). A child process and an
+    in-process run (``thread.py``) both run a job this way; each closes its thread's
+    database connections after sending the report."""
     from .registry import get_job
     from .shutdown import Interrupted
 
@@ -275,7 +288,7 @@ def execute(
         job = get_job(name)
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
-        with _traced(trace):
+        with around(), _traced(trace, flush=flush):
             value = job.with_arguments(kwargs).call(slot, token)
         enqueued = value if isinstance(value, Enqueued) else None
         return {"finished": True, "enqueued": enqueued, "ended": time.monotonic()}
@@ -287,9 +300,6 @@ def execute(
         ended = time.monotonic()
         error = {"error_type": type(exc).__qualname__, "traceback": bounded_traceback(exc)}
         return {**error, "ended": ended}
-    finally:
-        with suppress(Exception):
-            connections.close_all()
 
 
 @dataclass
@@ -302,14 +312,15 @@ class _Limits:
     timeout_at: float | None
 
 
-def _traced(trace: dict[str, str]) -> AbstractContextManager[None]:
+def _traced(trace: dict[str, str], *, flush: bool) -> AbstractContextManager[None]:
     """The run's trace continued while the job runs (OpenTelemetry on: ``trace`` is the
-    run span's context), else nothing."""
+    run span's context), else nothing; ``flush``: export its spans at the end (a child
+    process, which ends with ``os._exit``)."""
     if not trace:
         return nullcontext()
     from ..integrations.opentelemetry import continued
 
-    return continued(trace)
+    return continued(trace, flush=flush)
 
 
 def _guard(connection: Connection, limits: _Limits) -> tuple[int, int]:

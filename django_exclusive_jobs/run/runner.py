@@ -315,13 +315,14 @@ class Run:
         return self.finish(result)
 
     def end_child(self, child: JobProcess | JobThread, outcome: Outcome) -> RunResult:
-        """Record and finish the run whose process ended with ``outcome``."""
+        """Record and finish the run whose process (or thread) ended with ``outcome``."""
         from .process import JobFailed
 
         lock = self.lock
         assert lock is not None
         result = self.begin(lock)
-        result.value = ChildExit(outcome.returncode)
+        if outcome.returncode is not None:  # a process's (an in-process run has none)
+            result.value = ChildExit(outcome.returncode)
         result.enqueued = outcome.enqueued
         returned_in_time = outcome.finished and (outcome.ended or 0) < (outcome.lease_ended or 0)
         if outcome.lease_ended is not None and not returned_in_time:
@@ -333,7 +334,7 @@ class Run:
         elif not lock.lost and (outcome.interrupted_by or child.stopped_by):
             result.status = RunStatus.INTERRUPTED
             result.signum = outcome.interrupted_by or child.stopped_by
-        elif not outcome.finished and not lock.lost:
+        elif not outcome.finished and not lock.lost and outcome.returncode is not None:
             self.record(result, JobFailed("ProcessDied", describe_exit(outcome.returncode)))
         # The job's own end, not when the scheduler noticed it (a frozen one notices late).
         return self.finish(result, ended=outcome.ended or outcome.lease_ended)

@@ -4,7 +4,8 @@ Every server runs the same scheduler. For each job with a schedule it sleeps unt
 job's next slot on the database's clock, then starts the job as a cron line would (a
 :class:`Run`: take the lock, claim the slot, record the run). One server wins the
 slot and the others skip it. The winner runs the job in a child process
-(:class:`JobProcess`) and keeps the lease alive until the child exits.
+(:class:`JobProcess`), or for ``in_process=True`` in a thread (:class:`JobThread`), and
+keeps the lease alive until it ends.
 
 One thread decides and writes the history, on one connection; it waits on the next
 slot, the children and the signals at once, so an idle scheduler sends nothing but its
@@ -161,6 +162,9 @@ class Scheduler:
         self.started_runs = 0
         self.stops = 0  # SIGTERM/SIGINT received
         self.starting: Run | None = None  # a start under way
+        # In-process runs still going when it stopped: their threads end with the
+        # process, which the command ends at once (see exclusive_scheduler).
+        self.left_running: list[str] = []
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
 
@@ -222,7 +226,8 @@ class Scheduler:
             self.outage.ended()
             self.began = True
             self.next_beat = time.monotonic() + _beat_seconds()
-            if not all(job.runs_in_thread for job in self.on_request.values()):
+            served = [*self.jobs.values(), *self.on_request.values()]
+            if not all(job.runs_in_thread for job in served):
                 warm_up()  # else started on first use (an override's timeout, say)
             said = (
                 f"scheduler started: {len(self.jobs)} job(s), max {self.max_concurrent} at "
@@ -515,6 +520,8 @@ class Scheduler:
         lock = active.run.lock if active is not None else None
         if active is None or lock is None or lock.token != request.stop_token:
             return  # another server's run, or one that has ended
+        if not active.process.stoppable:
+            return  # an in-process run (see thread.py): the request waits, unanswered
         try:
             taken = control.take(request, by=lock.holder, using=self.using)
         except LockDatabaseError as exc:
@@ -683,9 +690,10 @@ class Scheduler:
             self._wait(0.2)
             self._reap()
         if self.running:  # in-process runs: nothing can stop them (see thread.py)
+            self.left_running = sorted(self.running)
             said = (
                 f"leaving {len(self.running)} in-process run(s) to their lease: "
-                f"{', '.join(sorted(self.running))} (not released; the server that takes "
+                f"{', '.join(self.left_running)} (not released; the server that takes "
                 "the lock over records the run)"
             )
             self.say(line("scheduler", said, status="stopping"), False)

@@ -16,9 +16,13 @@ What it gives up, and why it is opt-in:
 * A crash of the interpreter (a fault in a C extension, ``os._exit``) ends the
   scheduler with it: as after any crash, its runs' slots are taken over when their
   leases end.
-* At a stop, a run still going once the grace is over is left to its lease: the
-  scheduler exits without releasing its lock, and the server that takes the lock over
-  records the run as a crashed server's.
+* A job that holds the GIL for long (a C call that does not release it) starves the
+  keep-alive that renews its lease, in the same process: the lease can end while it
+  still runs. (The guard of a job run in a process is a process for this reason.)
+* At a stop, a run still going once the grace is over is left to its lease:
+  ``exclusive_scheduler`` ends its process at once, without releasing the lock (nothing
+  waits for the thread), and the server that takes the lock over records the run as a
+  crashed server's.
 
 The scheduler drives a :class:`JobThread` as it drives a :class:`JobProcess`: it waits
 on :meth:`waitables`, and :meth:`poll` gives the run's :class:`Outcome` once it ended.
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import suppress
 from typing import Any
 
 from .process import Outcome, execute
@@ -51,20 +56,28 @@ class JobThread:
         # The thread writes one byte here when the job has ended: the scheduler's wait
         # wakes on it as on a child process's exit.
         self._ended_read, self._ended_write = os.pipe()
-        self._report: dict[str, Any] | None = None
+        self._report: dict[str, Any] = {}
         self._thread = threading.Thread(
             target=self._run,
             args=(name, slot, kwargs or {}, token, trace or {}),
             name=f"exclusive-jobs-run:{name}",
-            daemon=True,  # a stopping scheduler does not wait for it past the grace
+            daemon=True,
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no thread could start: the start fails, nothing is left open
+            self._close()
+            raise
 
     def _run(
         self, name: str, slot: Any, kwargs: dict[str, Any], token: int | None, trace: Any
     ) -> None:
+        from django.db import connections
+
         try:
             self._report = execute(name, slot, kwargs, token, trace)
+            with suppress(Exception):
+                connections.close_all()  # this thread's
         finally:
             os.write(self._ended_write, b"x")
 
@@ -72,16 +85,22 @@ class JobThread:
         return [self._ended_read] if self._ended_read >= 0 else []
 
     def poll(self) -> Outcome | None:
-        """The run's outcome once the job has ended, else None."""
-        report = self._report
-        if report is None:
+        """The run's outcome once its thread has ended, else None."""
+        if self._ended_read < 0:
+            return None  # reaped already
+        if self._thread.is_alive():
             return None
-        self._thread.join()
-        if self._ended_read >= 0:
-            os.close(self._ended_read)
-            os.close(self._ended_write)
-            self._ended_read = self._ended_write = -1
-        return Outcome.of(0 if report.get("finished") else 1, report)
+        self._close()
+        report = self._report or {
+            "error_type": "ThreadDied",
+            "traceback": "The job's thread ended without reporting how the job went.",
+        }
+        return Outcome.of(None, report)
+
+    def _close(self) -> None:
+        os.close(self._ended_read)
+        os.close(self._ended_write)
+        self._ended_read = self._ended_write = -1
 
     def stop(self, signum: int = 0, *, kill_after: float | None = None) -> None:
         """Nothing: a thread cannot be stopped (see the module's docstring)."""

@@ -158,6 +158,14 @@ def light_tick(slot: object) -> None:
     time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
 
 
+@exclusive_job("light_async", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, in_process=True)
+async def light_async(slot: object) -> None:
+    """An async light job: it runs on an event loop of asgiref's, in a thread that the
+    interpreter waits for at exit."""
+    mark(f"light_async {slot.isoformat()}")  # type: ignore[attr-defined]
+    await asyncio.sleep(float(os.environ.get("JOB_SECONDS", "0")))
+
+
 @exclusive_job("light_broken", every=os.environ.get("TICK_EVERY", "2s"), in_process=True)
 def light_broken() -> None:
     mark("light_broken")

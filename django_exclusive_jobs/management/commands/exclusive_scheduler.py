@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -102,6 +103,14 @@ class Command(JobCommand):
             code = scheduler.run()
         finally:
             connections.close_all()
+        if scheduler.left_running:
+            # In-process runs that outlived the grace: the process ends now, and their
+            # threads with it, whatever the interpreter's exit would wait for (an async
+            # job's event loop thread, say); their leases end by themselves.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         if code:
             sys.exit(code)
 
