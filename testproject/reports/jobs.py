@@ -14,9 +14,10 @@ def hourly_report() -> None:
     print(f"hourly_report sent by {socket.gethostname()} pid {os.getpid()}", flush=True)
 
 
-@exclusive_job("cleanup_sessions", cron="0 3 * * *", ttl="30m")
+@exclusive_job("cleanup_sessions", cron="0 3 * * *", ttl="30m", in_process=True)
 def cleanup_sessions() -> None:
-    """Nightly at 03:00 (TIME_ZONE): each night's slot runs once, however many servers."""
+    """Nightly at 03:00 (TIME_ZONE): each night's slot runs once, however many servers.
+    A light job: the scheduler runs it in a thread of its own process (in_process)."""
     from django.core.management import call_command
 
     call_command("clearsessions")
