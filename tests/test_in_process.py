@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -113,8 +114,10 @@ def test_an_overridden_timeout_runs_an_in_process_job_in_a_process_and_stops_it(
     process = start_scheduler(schedulers, alias, "--jobs", "light_tick", env=env)
     wait_for(lambda: JobRun.objects.using(alias).filter(status="timed_out").exists())
     stop(process)
-    timed_out = [run for run in history(alias, "light_tick") if run.status == "timed_out"]
-    assert timed_out and timed_out[0].duration is not None and timed_out[0].duration < 10
+    runs = [run for run in history(alias, "light_tick") if run.status == "timed_out"]
+    durations = [run.duration for run in runs if run.duration is not None]
+    assert durations and len(durations) == len(runs)
+    assert min(durations) < 10  # stopped at its 1 s timeout, not after its 30 s
     # It ran in a process of its own, which the timeout could stop.
     assert process.pid not in pids(marker, "light_tick")
 
@@ -136,7 +139,8 @@ def test_an_in_process_run_whose_lock_is_lost_goes_on_until_it_returns_and_is_lo
 def children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(child) for child in (task / "children").read_text().split()]
+        with suppress(FileNotFoundError, ProcessLookupError):  # a thread that just ended
+            found += [int(child) for child in (task / "children").read_text().split()]
     return found
 
 

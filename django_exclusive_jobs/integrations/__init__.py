@@ -47,6 +47,25 @@ def connect_enabled() -> None:
         connected.add("SENTRY_MONITORS")
 
 
+def flush(timeout: float = 2.0) -> None:
+    """Export what each connected integration still holds (spans, check-ins), waiting
+    at most ``timeout`` seconds each: before a process ends with ``os._exit``, which
+    skips their own flush at exit. Never raises."""
+    try:
+        if "OPENTELEMETRY" in connected:
+            from opentelemetry import trace
+
+            export = getattr(trace.get_tracer_provider(), "force_flush", None)
+            if export is not None:
+                export(int(timeout * 1000))
+        if "SENTRY_MONITORS" in connected:
+            import sentry_sdk
+
+            sentry_sdk.flush(timeout=timeout)
+    except Exception as exc:
+        logger.warning("could not export what the monitoring integrations hold: %s", exc)
+
+
 def trace_context(lock: Any) -> dict[str, str]:
     """The trace context of ``lock``'s run, for the job's own process (the scheduler's
     child), so what the job traces nests in the run's span: empty unless OpenTelemetry

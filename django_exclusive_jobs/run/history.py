@@ -51,18 +51,24 @@ def _runs(alias: str) -> JobRunQuerySet:
 def _first(
     model: Any, using: str, where: list[tuple[str, str, Any]], order: tuple[str, ...] = ()
 ) -> Any:
-    """The first row of ``model`` where each ``(column, operator, value)`` holds, in
+    """The first row of ``model`` where each ``(field, operator, value)`` holds, in
     ``order`` (``"-slot"``: descending), or None: one ``SELECT ... LIMIT 1`` through
     Django's cursor (``Model.objects.raw``, which converts the values both ways as a
     queryset does). For the two reads every start makes, the pause and the claim's
     look-up: a queryset's ``.first()`` builds and compiles its query each time, about
     twice this one's client CPU (docs: Performance)."""
     quote = connections[using].ops.quote_name
-    sql = f"SELECT * FROM {quote(model._meta.db_table)} WHERE " + " AND ".join(
-        f"{quote(column)} {operator} %s" for column, operator, _ in where
+    meta = model._meta
+
+    def column(field: str) -> str:
+        return str(quote(meta.get_field(field).column))
+
+    columns = ", ".join(quote(each.column) for each in meta.concrete_fields)
+    sql = f"SELECT {columns} FROM {quote(meta.db_table)} WHERE " + " AND ".join(
+        f"{column(field)} {operator} %s" for field, operator, _ in where
     )
     if order:
-        sorts = (quote(key.lstrip("-")) + (" DESC" if key[0] == "-" else "") for key in order)
+        sorts = (column(key.lstrip("-")) + (" DESC" if key[0] == "-" else "") for key in order)
         sql += " ORDER BY " + ", ".join(sorts)
     rows = model.objects.using(using).raw(f"{sql} LIMIT 1", [value for *_, value in where])
     return next(iter(rows), None)

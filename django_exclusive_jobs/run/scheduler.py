@@ -689,14 +689,6 @@ class Scheduler:
         while any(active.process.stoppable for active in self.running.values()):
             self._wait(0.2)
             self._reap()
-        if self.running:  # in-process runs: nothing can stop them (see thread.py)
-            self.left_running = sorted(self.running)
-            said = (
-                f"leaving {len(self.running)} in-process run(s) to their lease: "
-                f"{', '.join(self.left_running)} (not released; the server that takes "
-                "the lock over records the run)"
-            )
-            self.say(line("scheduler", said, status="stopping"), False)
         try:
             self._write_unwritten_ends()
         except LockDatabaseError as exc:
@@ -709,6 +701,15 @@ class Scheduler:
             said = f"could not mark this scheduler stopped: {exc}"
             self.say(line("scheduler", said, status="stopped", error=type(exc).__name__), False)
         shut_down()
+        self._reap()  # an in-process run that has just ended is recorded, not left
+        if self.running:  # in-process runs: nothing can stop them (see thread.py)
+            self.left_running = sorted(self.running)
+            said = (
+                f"leaving {len(self.running)} in-process run(s) to their lease: "
+                f"{', '.join(self.left_running)} (not released; the server that takes "
+                "the lock over records the run)"
+            )
+            self.say(line("scheduler", said, status="stopping"), False)
         self.say(line("scheduler", "scheduler stopped", status="stopped"))
 
     def say(self, said: Line, normal: bool = True) -> None:

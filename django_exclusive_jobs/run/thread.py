@@ -57,6 +57,7 @@ class JobThread:
         # wakes on it as on a child process's exit.
         self._ended_read, self._ended_write = os.pipe()
         self._report: dict[str, Any] = {}
+        self._ended = False  # all the thread has left to do is wake the scheduler
         self._thread = threading.Thread(
             target=self._run,
             args=(name, slot, kwargs or {}, token, trace or {}),
@@ -79,6 +80,7 @@ class JobThread:
             with suppress(Exception):
                 connections.close_all()  # this thread's
         finally:
+            self._ended = True
             os.write(self._ended_write, b"x")
 
     def waitables(self) -> list[Any]:
@@ -86,10 +88,9 @@ class JobThread:
 
     def poll(self) -> Outcome | None:
         """The run's outcome once its thread has ended, else None."""
-        if self._ended_read < 0:
-            return None  # reaped already
-        if self._thread.is_alive():
-            return None
+        if self._ended_read < 0 or not self._ended:
+            return None  # reaped already, or still running
+        self._thread.join()  # it only had the byte to write
         self._close()
         report = self._report or {
             "error_type": "ThreadDied",

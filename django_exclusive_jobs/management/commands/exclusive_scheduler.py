@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
+from django_exclusive_jobs.integrations import flush as flush_integrations
 from django_exclusive_jobs.lock.validation import resolve_alias
 from django_exclusive_jobs.management.base import JobCommand, duration_option
 from django_exclusive_jobs.management.output import line_printer
@@ -99,18 +100,20 @@ class Command(JobCommand):
             # At verbosity 1, a server's skips (another server ran the slot) are left out.
             report=line_printer(self, logger, options["verbosity"], skips=False),
         )
+        code = 1  # run() raised
         try:
             code = scheduler.run()
         finally:
             connections.close_all()
-        if scheduler.left_running:
-            # In-process runs that outlived the grace: the process ends now, and their
-            # threads with it, whatever the interpreter's exit would wait for (an async
-            # job's event loop thread, say); their leases end by themselves.
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            if scheduler.left_running:
+                # In-process runs that outlived the grace: the process ends now, and
+                # their threads with it, whatever the interpreter's exit would wait for
+                # (an async job's event loop thread, say); their leases end by themselves.
+                flush_integrations()
+                logging.shutdown()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
         if code:
             sys.exit(code)
 
