@@ -53,11 +53,9 @@ def flush(timeout: float = 2.0) -> None:
     skips their own flush at exit. Never raises."""
     try:
         if "OPENTELEMETRY" in connected:
-            from opentelemetry import trace
+            from .opentelemetry import export_spans
 
-            export = getattr(trace.get_tracer_provider(), "force_flush", None)
-            if export is not None:
-                export(int(timeout * 1000))
+            export_spans(timeout)
         if "SENTRY_MONITORS" in connected:
             import sentry_sdk
 

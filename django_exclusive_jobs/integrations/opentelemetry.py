@@ -100,15 +100,26 @@ def continued(carrier: dict[str, str], *, flush: bool = True) -> Iterator[None]:
         yield
     finally:
         try:
-            from opentelemetry import context, trace
+            from opentelemetry import context
 
             if token is not None:
                 context.detach(token)
-            export = getattr(trace.get_tracer_provider(), "force_flush", None)
-            if flush and export is not None:
-                export()
+            if flush:
+                export_spans()
         except Exception as exc:
             logger.warning("%s: could not export the job's spans: %s", TOOL, exc)
+
+
+def export_spans(timeout: float | None = None) -> None:
+    """Export the spans the tracer provider still holds (its ``force_flush``, waiting at
+    most ``timeout`` seconds if given), if it has one."""
+    from opentelemetry import trace
+
+    export = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if export is not None and timeout is not None:
+        export(int(timeout * 1000))
+    elif export is not None:
+        export()
 
 
 def tracer() -> Any:

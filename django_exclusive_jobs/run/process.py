@@ -272,10 +272,9 @@ def execute(
     """Run job ``name`` for ``slot`` with the run's ``kwargs`` (those its history row
     records: a request's over the declared ones) and its fencing ``token``, in this
     thread, inside ``around()`` (``flush``: export what it traced at the end); what the
-    run's report says: it returned (and what it
-    enqueued), was interrupted, or raised (its traceback). A child process and an
-    in-process run (``thread.py``) both run a job this way; each closes its thread's
-    database connections after sending the report."""
+    run's report says: it returned (and what it enqueued), was interrupted, or raised
+    (its traceback). A child process and an in-process run (``thread.py``) both run a
+    job this way; each closes its thread's database connections after the report."""
     from .registry import get_job
     from .shutdown import Interrupted
 

@@ -285,16 +285,14 @@ class Run:
         result = self.begin(lock)
         with self._executing(result):
             self._may_start(lock)
-            child: JobProcess | JobThread
             if self.job.runs_in_thread:
-                child = JobThread(
+                return JobThread(
                     self.name,
                     self.job_slot,
                     kwargs=self.job.kwargs,
                     trace=trace_context(lock),
                     token=lock.token,
                 )
-                return child
             margin = watchdog_margin(lock.ttl.total_seconds())
             child = JobProcess(
                 self.name,
