@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
-from django.db.models import F
 
-from ..lock.clock import DatabaseNow
+from ..lock.clock import DatabaseNow, plus_seconds_sql
 from ..lock.errors import JobLockError, LockDatabaseError, LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from ..logs import extra
-from . import catchup, overrides
+from . import catchup, overrides, rows
 from .catchup import CatchUp
 from .retries import Retries
 from .schedules import Schedule
@@ -46,32 +45,6 @@ def _runs(alias: str) -> JobRunQuerySet:
     from ..models import JobRun  # on first use: a jobs module may be imported before models
 
     return JobRun.objects.using(alias)
-
-
-def _first(
-    model: Any, using: str, where: list[tuple[str, str, Any]], order: tuple[str, ...] = ()
-) -> Any:
-    """The first row of ``model`` where each ``(field, operator, value)`` holds, in
-    ``order`` (``"-slot"``: descending), or None: one ``SELECT ... LIMIT 1`` through
-    Django's cursor (``Model.objects.raw``, which converts the values both ways as a
-    queryset does). For the two reads every start makes, the pause and the claim's
-    look-up: a queryset's ``.first()`` builds and compiles its query each time, about
-    twice this one's client CPU (docs: Performance)."""
-    quote = connections[using].ops.quote_name
-    meta = model._meta
-
-    def column(field: str) -> str:
-        return str(quote(meta.get_field(field).column))
-
-    columns = ", ".join(quote(each.column) for each in meta.concrete_fields)
-    sql = f"SELECT {columns} FROM {quote(meta.db_table)} WHERE " + " AND ".join(
-        f"{column(field)} {operator} %s" for field, operator, _ in where
-    )
-    if order:
-        sorts = (column(key.lstrip("-")) + (" DESC" if key[0] == "-" else "") for key in order)
-        sql += " ORDER BY " + ", ".join(sorts)
-    rows = model.objects.using(using).raw(f"{sql} LIMIT 1", [value for *_, value in where])
-    return next(iter(rows), None)
 
 
 @dataclass
@@ -156,7 +129,7 @@ def claim(
     # attempt of the newest slot before it.
     where = [("name", "=", name), ("slot", "<=", current)]
     latest = run_statement(
-        lock.using, lambda: _first(JobRun, lock.using, where, ("-slot", "-attempt"))
+        lock.using, lambda: rows.first(JobRun, lock.using, where, ("-slot", "-attempt"))
     )
     if latest is not None and latest.slot == current:
         return _again(lock, name, latest, now, retry, arguments)
@@ -321,7 +294,7 @@ def job_state(name: str, *, using: str) -> JobState | None:
     from ..models import JobState
 
     state: JobState | None = run_statement(
-        using, lambda: _first(JobState, using, [("name", "=", name)])
+        using, lambda: rows.first(JobState, using, [("name", "=", name)])
     )
     return state
 
@@ -418,14 +391,18 @@ def _insert(
     attempt: int = 1,
     backfill: bool = False,
 ) -> JobRun:
+    from ..models import JobRun
+
     runs = _runs(lock.using)
     values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
 
     def create() -> JobRun:
+        run = JobRun(name=name, slot=slot, attempt=attempt, **values)
         # In a transaction (a first claim), a savepoint: the look below may follow.
         inside = connections[lock.using].in_atomic_block
         with transaction.atomic(using=lock.using) if inside else nullcontext():
-            return runs.create(name=name, slot=slot, attempt=attempt, **values)
+            rows.insert(run, lock.using)
+        return run
 
     try:
         return run_statement(lock.using, create)
@@ -519,19 +496,19 @@ def close_abandoned(
         f"The lock was taken over by token {lock.token} after this run's lease ran "
         "out or it was force-released: its server crashed, or lost the lock."
     )
-    runs = _runs(lock.using).filter(name=name, status=RunStatus.RUNNING, token__lt=lock.token)
+    from ..models import JobRun
+
+    where = [("name", "=", name), ("status", "=", RunStatus.RUNNING), ("token", "<", lock.token)]
     if side_by_side:
-        runs = runs.filter(slot=slot)
+        where.append(("slot", "IS NULL", None) if slot is None else ("slot", "=", slot))
         _close_stale_slots(lock, name, slot)
-    closed = run_statement(
-        lock.using,
-        lambda: runs.update(
-            status=RunStatus.LOST,
-            finished_at=DatabaseNow(),
-            error_type="LockLost",
-            error=reason,
-        ),
-    )
+    values = {
+        "status": RunStatus.LOST,
+        "finished_at": DatabaseNow(),
+        "error_type": "LockLost",
+        "error": reason,
+    }
+    closed = run_statement(lock.using, lambda: rows.update(JobRun, lock.using, values, where))
     if closed:
         logger.warning(
             "%s: %s earlier run(s) still marked running lost the lock; marked lost",
@@ -631,14 +608,20 @@ def record_end(
         "task_backend": enqueued.backend if enqueued else "",
         "retry_at": retry_at,
     }
-    runs = _runs(lock.using).filter(pk=run_id, token=lock.token)
+    from ..models import JobRun
+
+    ours = [("pk", "=", run_id), ("token", "=", lock.token)]
 
     def write(values: dict[str, Any]) -> None:
-        if not run_statement(lock.using, lambda: runs.running().update(**values)):
+        def update(values: dict[str, Any], status: str) -> int:
+            where = [*ours, ("status", "=", status)]
+            return rows.update(JobRun, lock.using, values, where)
+
+        if not run_statement(lock.using, lambda: update(values, RunStatus.RUNNING)):
             # Marked lost by a later holder meanwhile: our end, keeping its reason unless
             # we have an error of our own.
             kept = {key: value for key, value in values.items() if value != ""}
-            run_statement(lock.using, lambda: runs.filter(status=RunStatus.LOST).update(**kept))
+            run_statement(lock.using, lambda: update(kept, RunStatus.LOST))
 
     try:
         write(values)
@@ -660,7 +643,10 @@ def record_end(
             exc,
             extra=extra("unrecorded", lock=lock.name, token=lock.token, status="later"),
         )
-        later = {**values, "finished_at": F("started_at") + dt.timedelta(seconds=duration)}
+        connection = connections[lock.using]
+        started_at = connection.ops.quote_name("started_at")
+        ended = rows.Sql(plus_seconds_sql(connection.vendor, started_at), (duration,))
+        later = {**values, "finished_at": ended}
 
         def write_later() -> None:
             try:

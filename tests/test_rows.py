@@ -1,0 +1,107 @@
+"""The history's per-start statements through the cursor (``run/rows.py``), per backend:
+they write and read what the ORM would."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import connections
+
+from django_exclusive_jobs.lock.clock import DatabaseNow, database_now, plus_seconds_sql
+from django_exclusive_jobs.models import JobRun, JobState, RunStatus
+from django_exclusive_jobs.run import rows
+
+SLOT = dt.datetime(2026, 3, 29, 1, 30, tzinfo=dt.UTC)
+
+
+def new_run(alias: str, slot: dt.datetime | None = SLOT, attempt: int = 1) -> JobRun:
+    run = JobRun(
+        name="rows",
+        slot=slot,
+        attempt=attempt,
+        status=RunStatus.RUNNING,
+        host="h",
+        pid=7,
+        instance="i",
+        token=3,
+        started_at=DatabaseNow(),
+        kwargs={"when": "tomorrow", "n": [1, 2]},
+    )
+    rows.insert(run, alias)
+    return run
+
+
+def test_insert_writes_every_column_and_sets_the_id(alias: str) -> None:
+    before = database_now(alias)
+    first, second = new_run(alias), new_run(alias, attempt=2)
+    assert isinstance(first.pk, int) and second.pk == first.pk + 1
+    assert not first._state.adding and first._state.db == alias
+    stored = JobRun.objects.using(alias).get(pk=first.pk)
+    assert (stored.name, stored.slot, stored.attempt, stored.status) == ("rows", SLOT, 1, "running")
+    assert (stored.host, stored.pid, stored.instance, stored.token) == ("h", 7, "i", 3)
+    assert stored.kwargs == {"when": "tomorrow", "n": [1, 2]}
+    assert (stored.error, stored.error_type, stored.requested_by) == ("", "", "")
+    assert stored.finished_at is None and stored.retry_at is None and stored.duration is None
+    assert stored.backfill is False
+    # started_at is the database's clock, not this process's.
+    assert before - dt.timedelta(seconds=1) <= stored.started_at <= database_now(alias)
+
+
+def test_update_changes_only_the_rows_where_every_condition_holds(alias: str) -> None:
+    run, other, slotless = new_run(alias), new_run(alias, attempt=2), new_run(alias, slot=None)
+    retry_at = SLOT + dt.timedelta(minutes=5)
+    values = {"status": RunStatus.FAILED, "finished_at": DatabaseNow(), "retry_at": retry_at}
+    mine = [("pk", "=", run.pk), ("token", "=", 3), ("status", "=", RunStatus.RUNNING)]
+    assert rows.update(JobRun, alias, values, mine) == 1
+    assert rows.update(JobRun, alias, values, mine) == 0  # no longer running
+    stored = JobRun.objects.using(alias).get(pk=run.pk)
+    assert (stored.status, stored.retry_at) == ("failed", retry_at)
+    assert stored.finished_at is not None and stored.finished_at >= stored.started_at
+    assert JobRun.objects.using(alias).get(pk=other.pk).status == "running"
+    older = [("name", "=", "rows"), ("token", "<", 4), ("slot", "IS NULL", None)]
+    assert rows.update(JobRun, alias, {"status": RunStatus.LOST}, older) == 1
+    assert JobRun.objects.using(alias).get(pk=slotless.pk).status == "lost"
+    assert JobRun.objects.using(alias).get(pk=other.pk).status == "running"
+
+
+def test_an_end_written_later_is_the_start_plus_the_duration(alias: str) -> None:
+    """What a scheduler writes once the database answers again, for a run whose end
+    could not be written: ``started_at + duration`` on the database's side."""
+    run = new_run(alias)
+    connection = connections[alias]
+    started_at = connection.ops.quote_name("started_at")
+    ended = rows.Sql(plus_seconds_sql(connection.vendor, started_at), (2.5,))
+    values = {"finished_at": ended, "duration": 2.5, "status": RunStatus.SUCCEEDED}
+    assert rows.update(JobRun, alias, values, [("pk", "=", run.pk)]) == 1
+    stored = JobRun.objects.using(alias).get(pk=run.pk)
+    assert stored.finished_at - stored.started_at == dt.timedelta(seconds=2.5)
+
+
+def test_first_reads_a_model_instance_in_order_or_none(alias: str) -> None:
+    for minutes in (0, 30, 60):
+        new_run(alias, slot=SLOT + dt.timedelta(minutes=minutes))
+    new_run(alias, slot=SLOT + dt.timedelta(minutes=30), attempt=2)
+    where = [("name", "=", "rows"), ("slot", "<=", SLOT + dt.timedelta(minutes=45))]
+    found = rows.first(JobRun, alias, where, ("-slot", "-attempt"))
+    assert isinstance(found, JobRun)
+    assert (found.slot, found.attempt) == (SLOT + dt.timedelta(minutes=30), 2)
+    assert found.kwargs == {"when": "tomorrow", "n": [1, 2]}
+    oldest = rows.first(JobRun, alias, [("name", "=", "rows")], ("slot", "attempt"))
+    assert (oldest.slot, oldest.attempt) == (SLOT, 1)
+    assert rows.first(JobRun, alias, [("name", "=", "none")]) is None
+    assert rows.first(JobState, alias, [("name", "=", "rows")]) is None
+
+
+def test_insert_without_returning_takes_the_id_from_the_cursor(
+    alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MySQL 8 has no ``INSERT ... RETURNING``: the id comes from the cursor
+    (``last_insert_id``), as the ORM takes it there. Each backend here answers both ways."""
+    if connections[alias].vendor == "postgresql":
+        pytest.skip("PostgreSQL always has RETURNING; its cursor has no lastrowid")
+    features = connections[alias].features
+    monkeypatch.setattr(features, "can_return_columns_from_insert", False)
+    first, second = new_run(alias), new_run(alias, attempt=2)
+    assert isinstance(first.pk, int) and second.pk == first.pk + 1
+    assert JobRun.objects.using(alias).get(pk=second.pk).attempt == 2
