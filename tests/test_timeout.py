@@ -10,6 +10,7 @@ ignores SIGTERM and catches what is raised in it.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import time
 from pathlib import Path
@@ -196,3 +197,38 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X") and os.path.exists(f"/proc/{pid}")
+
+
+def test_a_stop_that_comes_after_the_job_returned_interrupts_nothing() -> None:
+    """A shutdown racing a job's end: the child has returned and exited, the scheduler
+    has not reaped it yet when it stops its runs. The run is the job's: it returned. A
+    stop while the job runs still interrupts it. Real child processes of the fork server."""
+    from django_exclusive_jobs.run import process
+    from django_exclusive_jobs.run.runner import _stopped_while_running
+
+    def ended(child: process.JobProcess) -> process.Outcome:
+        deadline = time.monotonic() + 30
+        while (outcome := child.poll()) is None:
+            assert time.monotonic() < deadline, "the job's process did not end"
+            time.sleep(0.02)
+        return outcome
+
+    lease = {"grace": 5.0, "deadline": time.monotonic() + 60, "margin": 5.0}
+    try:
+        returned = process.JobProcess("quick", None, **lease)  # type: ignore[arg-type]
+        assert returned.child.sentinel is not None
+        assert select.select([returned.child.sentinel], [], [], 30)[0], "it did not exit"
+        returned.stop()
+        outcome = ended(returned)
+        assert (outcome.finished, outcome.returncode) == (True, 0)
+        assert returned.stopped_by is not None
+        assert not _stopped_while_running(returned, outcome)
+
+        stopped = process.JobProcess("slow", None, **lease)  # type: ignore[arg-type]
+        time.sleep(1.0)  # it has begun its 30 s
+        stopped.stop()
+        outcome = ended(stopped)
+        assert not outcome.finished and outcome.interrupted_by is not None
+        assert _stopped_while_running(stopped, outcome)
+    finally:
+        process.shut_down()

@@ -242,6 +242,9 @@ def main(
         around=stop_on_signals,
         flush=True,  # what it traced: this process ends with os._exit
     )
+    # The job has ended: a stop from now on could only turn what it reports into a kill.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     report.send(said)
     with suppress(Exception):
         connections.close_all()

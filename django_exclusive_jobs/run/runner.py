@@ -329,7 +329,7 @@ class Run:
             self.record(result, TimedOut(self.job.time_limit or 0.0))
         elif outcome.error is not None:
             self.record(result, outcome.error)
-        elif not lock.lost and (outcome.interrupted_by or child.stopped_by):
+        elif not lock.lost and (outcome.interrupted_by or _stopped_while_running(child, outcome)):
             result.status = RunStatus.INTERRUPTED
             result.signum = outcome.interrupted_by or child.stopped_by
         elif not outcome.finished and not lock.lost and outcome.returncode is not None:
@@ -935,6 +935,15 @@ LEASE_ENDED = (
     "no renewal reached the job's process before its lease could end (the scheduler was "
     "frozen or could not reach the database): the job was stopped before the lease's end"
 )
+
+
+def _stopped_while_running(child: JobProcess | JobThread, outcome: Outcome) -> bool:
+    """The scheduler stopped the run before its job ended (a stop that comes after the
+    job returned, a shutdown racing its end, interrupted nothing)."""
+    stopped_at = getattr(child, "stopped_at", None)
+    if child.stopped_by is None or stopped_at is None:
+        return False
+    return not outcome.finished or outcome.ended is None or outcome.ended > stopped_at
 
 
 def describe_exit(returncode: int) -> str:
