@@ -105,3 +105,16 @@ def test_insert_without_returning_takes_the_id_from_the_cursor(
     first, second = new_run(alias), new_run(alias, attempt=2)
     assert isinstance(first.pk, int) and second.pk == first.pk + 1
     assert JobRun.objects.using(alias).get(pk=second.pk).attempt == 2
+
+
+def test_what_the_orm_would_write_otherwise_is_refused(alias: str) -> None:
+    """``= None`` (never true in SQL: the ORM writes IS NULL) and expressions other than
+    the database's clock or ``Sql`` are refused, not sent."""
+    from django.db.models import F
+
+    run = new_run(alias)
+    with pytest.raises(ValueError, match="IS NULL"):
+        rows.update(JobRun, alias, {"status": RunStatus.LOST}, [("slot", "=", None)])
+    with pytest.raises(TypeError, match="not a value or Sql"):
+        rows.update(JobRun, alias, {"finished_at": F("started_at")}, [("pk", "=", run.pk)])
+    assert JobRun.objects.using(alias).get(pk=run.pk).status == "running"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -232,3 +233,34 @@ def test_a_stop_that_comes_after_the_job_returned_interrupts_nothing() -> None:
         assert _stopped_while_running(stopped, outcome)
     finally:
         process.shut_down()
+
+
+def test_a_sigterm_just_after_the_job_returned_is_held_until_the_child_exits() -> None:
+    """In a job's process, a SIGTERM that lands as soon as the job has returned (before
+    its spans are exported, its handlers put back, its report sent) is held: the report
+    says it returned and the process exits 0, instead of the run turning into an
+    interrupted one or a kill. A real forked process and a real signal."""
+    from django_exclusive_jobs.run import process
+    from django_exclusive_jobs.run.shutdown import stop_on_signals
+
+    def stop_now() -> None:
+        process._hold_stops()  # what a job's process does as soon as its job returns
+        os.kill(os.getpid(), signal.SIGTERM)  # a stop that lands right then
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the job's process
+        try:
+            os.close(read)
+            said = process.execute(
+                "quick", None, {}, None, {}, around=stop_on_signals, after_job=stop_now
+            )
+            os.write(write, repr(sorted(said)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as reader:
+        said = reader.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert said == repr(["ended", "enqueued", "finished"])

@@ -644,7 +644,7 @@ def record_end(
             extra=extra("unrecorded", lock=lock.name, token=lock.token, status="later"),
         )
         connection = connections[lock.using]
-        started_at = connection.ops.quote_name("started_at")
+        started_at = connection.ops.quote_name(str(JobRun._meta.get_field("started_at").column))
         ended = rows.Sql(plus_seconds_sql(connection.vendor, started_at), (duration,))
         later = {**values, "finished_at": ended}
 

@@ -230,8 +230,8 @@ def main(
 
     from .shutdown import stop_on_signals
 
-    # SIGTERM, SIGINT: Interrupted raised in the job while it runs; outside it, their
-    # default action ends the process.
+    # SIGTERM, SIGINT: Interrupted raised in the job while it runs; once it has ended
+    # they are held until the process exits (the guard's SIGKILL still ends it).
     said = execute(
         name,
         slot,
@@ -241,10 +241,9 @@ def main(
         setup_failure=setup_failure,
         around=stop_on_signals,
         flush=True,  # what it traced: this process ends with os._exit
+        after_job=_hold_stops,
     )
-    # The job has ended: a stop from now on could only turn what it reports into a kill.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _hold_stops()  # the job raised or was interrupted: its report goes out all the same
     report.send(said)
     with suppress(Exception):
         connections.close_all()
@@ -271,10 +270,12 @@ def execute(
     setup_failure: str = "",
     around: Callable[[], AbstractContextManager[Any]] = nullcontext,
     flush: bool = False,
+    after_job: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run job ``name`` for ``slot`` with the run's ``kwargs`` (those its history row
     records: a request's over the declared ones) and its fencing ``token``, in this
-    thread, inside ``around()`` (``flush``: export what it traced at the end); what the
+    thread, inside ``around()`` (``flush``: export what it traced at the end;
+    ``after_job``: called as soon as the job has returned, still inside); what the
     run's report says: it returned (and what it enqueued), was interrupted, or raised
     (its traceback). A child process and an in-process run (``thread.py``) both run a
     job this way; each closes its thread's database connections after the report."""
@@ -292,8 +293,11 @@ def execute(
             raise LookupError(f"no job named {name!r} is registered in this process")
         with around(), _traced(trace, flush=flush):
             value = job.with_arguments(kwargs).call(slot, token)
+            ended = time.monotonic()  # before its spans are exported
+            if after_job is not None:
+                after_job()
         enqueued = value if isinstance(value, Enqueued) else None
-        return {"finished": True, "enqueued": enqueued, "ended": time.monotonic()}
+        return {"finished": True, "enqueued": enqueued, "ended": ended}
     except Interrupted as exc:
         return {"interrupted_by": exc.signum, "ended": time.monotonic()}
     except BaseException as exc:  # everything a job raises is reported
@@ -302,6 +306,12 @@ def execute(
         ended = time.monotonic()
         error = {"error_type": type(exc).__qualname__, "traceback": bounded_traceback(exc)}
         return {**error, "ended": ended}
+
+
+def _hold_stops() -> None:
+    """The job has ended: SIGTERM and SIGINT are held until this process exits. A stop
+    could now only turn what the job did into a kill (its spans' export, its report)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
 @dataclass

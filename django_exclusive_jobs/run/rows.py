@@ -13,7 +13,7 @@ Everything else about runs stays on the ORM.
 ``first``    ``SELECT`` the model's columns ``WHERE ... ORDER BY ... LIMIT 1``
 ``insert``   ``INSERT`` every column but the primary key; its id from ``RETURNING``
              (PostgreSQL, SQLite, MariaDB), else from the cursor (MySQL)
-``update``   ``UPDATE ... SET ... WHERE ...``; the number of rows it changed
+``update``   ``UPDATE ... SET ... WHERE ...``; the number of rows it matched
 ===========  ========================================================================
 
 A value may be :class:`Sql`: text written into the statement as it is, with its own
@@ -57,7 +57,9 @@ def first(model: type[Model], using: str, where: Where, order: tuple[str, ...] =
 
 
 def insert(row: Model, using: str) -> None:
-    """Write ``row`` (a new instance, its primary key automatic) and set its id."""
+    """Write ``row`` (a new instance, its primary key automatic) and set its id. A field
+    given ``DatabaseNow()`` keeps that expression on the instance (read the row again
+    for its value), as ``save()`` did before Django 6.0."""
     statement = _Statement(type(row), using)
     meta, connection = row._meta, statement.connection
     fields = [field for field in meta.concrete_fields if not field.primary_key]
@@ -80,7 +82,8 @@ def insert(row: Model, using: str) -> None:
 
 def update(model: type[Model], using: str, values: dict[str, Any], where: Where) -> int:
     """Set ``values`` (field: value) on the rows of ``model`` where each condition holds;
-    how many rows changed."""
+    how many rows matched (as a queryset's ``update()``: Django asks MySQL for the rows
+    found, not only those changed)."""
     statement = _Statement(model, using)
     meta = model._meta
     sets = ", ".join(
@@ -119,6 +122,8 @@ class _Statement:
         if isinstance(value, Sql):
             self.params.extend(value.params)
             return value.text
+        if hasattr(value, "resolve_expression"):  # an F(), a Value(): not written here
+            raise TypeError(f"rows: {value!r} for {field.name} is not a value or Sql")
         self.params.append(field.get_db_prep_save(value, self.connection))
         return "%s"
 
@@ -128,6 +133,8 @@ class _Statement:
             if operator == "IS NULL":
                 conditions.append(f"{self.column(name)} IS NULL")
                 continue
+            if value is None:  # "= NULL" never holds
+                raise ValueError(f"rows: compare {name} with (name, 'IS NULL', None)")
             self.params.append(self.field(name).get_db_prep_value(value, self.connection))
             conditions.append(f"{self.column(name)} {operator} %s")
         return " AND ".join(conditions)

@@ -319,8 +319,14 @@ class Run:
         lock = self.lock
         assert lock is not None
         result = self.begin(lock)
-        if outcome.returncode is not None:  # a process's (an in-process run has none)
-            result.value = ChildExit(outcome.returncode)
+        stopped = _stopped_while_running(child, outcome)
+        returncode = outcome.returncode  # a process's (an in-process run has none)
+        if returncode is not None and returncode < 0 and child.stopped_by and not stopped:
+            # Killed by the scheduler's stop that came after its job had returned (a
+            # slow exit): the kill is not the job's; the run is what the job did.
+            returncode = None
+        if returncode is not None:
+            result.value = ChildExit(returncode)
         result.enqueued = outcome.enqueued
         returned_in_time = outcome.finished and (outcome.ended or 0) < (outcome.lease_ended or 0)
         if outcome.lease_ended is not None and not returned_in_time:
@@ -329,7 +335,7 @@ class Run:
             self.record(result, TimedOut(self.job.time_limit or 0.0))
         elif outcome.error is not None:
             self.record(result, outcome.error)
-        elif not lock.lost and (outcome.interrupted_by or _stopped_while_running(child, outcome)):
+        elif not lock.lost and (outcome.interrupted_by or stopped):
             result.status = RunStatus.INTERRUPTED
             result.signum = outcome.interrupted_by or child.stopped_by
         elif not outcome.finished and not lock.lost and outcome.returncode is not None:
