@@ -102,20 +102,13 @@ fi
 ROOT=$PWD
 HERE=$ROOT/benchmarks/side_by_side
 OUT=$(mktemp -d /tmp/burst-XXXX)
-PSQL=(psql -h 127.0.0.1 -U postgres -X -q -v ON_ERROR_STOP=1)
-PVENV=/tmp/side-by-side-venv
-TCK=$(getconf CLK_TCK)
+source "$HERE/_common.sh"  # PSQL, PVENV, TCK, prepare, clear_ours, ticks, tree, pg_ticks
 FIGURES=("$ROOT/.venv/bin/python" "$HERE/burst_figures.py")
 
 # --- processes: every one this script starts is in PIDS until stopped -------------------
 
 PIDS=()
 SLEEPER=""
-tree() {  # the process and every process under it
-    local child
-    echo "$1"
-    for child in $(cat /proc/"$1"/task/*/children 2> /dev/null); do tree "$child"; done
-}
 stop_all() {  # SIGTERM to each worker, up to 60 s to end, then SIGKILL to what is left
     local all=() p i
     [ -n "$SLEEPER" ] && kill "$SLEEPER" 2> /dev/null || true
@@ -152,16 +145,9 @@ check_alive() {
     done
 }
 
-# --- counters ---------------------------------------------------------------------------
+# --- counters (ticks, tree and pg_ticks: _common.sh) -------------------------------------
 
-ticks() {  # utime + stime of one process, and of its children it has waited for (0 once gone)
-    local stat
-    stat=$(cat "/proc/$1/stat" 2> /dev/null) || { echo 0; return; }
-    set -- ${stat##*) }
-    echo $(( ${12} + ${13} + ${14} + ${15} ))
-}
 app_ticks() { local t=0 p q; for p in "${PIDS[@]}"; do for q in $(tree "$p"); do t=$(( t + $(ticks "$q") )); done; done; echo $t; }
-pg_ticks() { local t=0 p; for p in $(pgrep -u postgres); do t=$(( t + $(ticks "$p") )); done; echo $t; }
 backends() {  # "pid utime+stime" of each server process connected to the database
     local p stat
     for p in $("${PSQL[@]}" -d postgres -tAc "select pid from pg_stat_activity where datname = '$1' and pid <> pg_backend_pid()"); do
@@ -226,32 +212,9 @@ run_variant() {
         --load "$load_before / $(load)" --json "$OUT/$LABEL.json"
 }
 
-# --- set-up (as side_by_side.sh) ----------------------------------------------------------
+# --- set-up (_common.sh) --------------------------------------------------------------
 
-if [ ! -x "$PVENV/bin/procrastinate" ]; then
-    python3 -m venv "$PVENV"
-    "$PVENV/bin/pip" install -q procrastinate 'psycopg[binary]'
-fi
-for db in bench_procrastinate bench_scheduler; do
-    if [ "$("${PSQL[@]}" -d postgres -tAc "select 1 from pg_database where datname='$db'")" != 1 ]; then
-        "${PSQL[@]}" -d postgres -c "create database $db"
-    fi
-done
-export SIDE_DSN=postgresql://postgres@127.0.0.1:5432/bench_procrastinate
-if [ "$("${PSQL[@]}" -d bench_procrastinate -tAc "select to_regclass('procrastinate_jobs') is not null")" != t ]; then
-    PYTHONPATH="$HERE" PROCRASTINATE_APP=procrastinate_app.app \
-        "$PVENV/bin/procrastinate" schema --apply > /dev/null
-fi
-BENCH_ENV=(BENCH_BACKEND=postgresql DJANGO_SETTINGS_MODULE=scheduler_bench.settings
-    PYTHONPATH="$ROOT/benchmarks:$ROOT" BENCH_JOBS="$JOBS" BENCH_EVERY="${EVERY}s")
-env "${BENCH_ENV[@]}" .venv/bin/python -m django migrate -v 0
-
-clear_ours() {
-    env "${BENCH_ENV[@]}" .venv/bin/python -c "
-import sys; sys.path.insert(0, 'benchmarks')
-from bench_scheduler import prepare_database, clear_tables
-prepare_database('postgresql'); clear_tables()" > /dev/null
-}
+prepare "$JOBS" "${EVERY}s"
 
 version=$("$PVENV/bin/python" -c 'import importlib.metadata as m; print(m.version("procrastinate"))')
 max_connections=$("${PSQL[@]}" -d postgres -tAc "show max_connections")

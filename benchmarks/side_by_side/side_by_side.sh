@@ -16,41 +16,10 @@ WINDOW=${1:-40}
 ROUNDS=${2:-2}
 ROOT=$PWD
 OUT=$(mktemp -d /tmp/side-by-side-XXXX)
-PSQL=(psql -h 127.0.0.1 -U postgres -X -q -v ON_ERROR_STOP=1)
-PVENV=/tmp/side-by-side-venv
-TCK=$(getconf CLK_TCK)
+source benchmarks/side_by_side/_common.sh
+prepare 20 1s
 
-if [ ! -x "$PVENV/bin/procrastinate" ]; then
-    python3 -m venv "$PVENV"
-    "$PVENV/bin/pip" install -q procrastinate 'psycopg[binary]'
-fi
-for db in bench_procrastinate bench_scheduler; do
-    if [ "$("${PSQL[@]}" -d postgres -tAc "select 1 from pg_database where datname='$db'")" != 1 ]; then
-        "${PSQL[@]}" -d postgres -c "create database $db"
-    fi
-done
-export SIDE_DSN=postgresql://postgres@127.0.0.1:5432/bench_procrastinate
-if [ "$("${PSQL[@]}" -d bench_procrastinate -tAc "select to_regclass('procrastinate_jobs') is not null")" != t ]; then
-    PYTHONPATH="$ROOT/benchmarks/side_by_side" PROCRASTINATE_APP=procrastinate_app.app \
-        "$PVENV/bin/procrastinate" schema --apply > /dev/null
-fi
-BENCH_ENV=(BENCH_BACKEND=postgresql DJANGO_SETTINGS_MODULE=scheduler_bench.settings
-    PYTHONPATH="$ROOT/benchmarks:$ROOT" BENCH_JOBS=20 BENCH_EVERY=1s)
-env "${BENCH_ENV[@]}" .venv/bin/python -m django migrate -v 0
-
-ticks() {  # utime + stime of one process, and of its children it has waited for (0 once gone)
-    local stat
-    stat=$(cat "/proc/$1/stat" 2> /dev/null) || { echo 0; return; }
-    set -- ${stat##*) }
-    echo $(( ${12} + ${13} + ${14} + ${15} ))
-}
-tree() {  # the process and every process under it
-    local child
-    echo "$1"
-    for child in $(cat /proc/"$1"/task/*/children 2> /dev/null); do tree "$child"; done
-}
 tree_ticks() { local t=0 p; for p in $(tree "$1"); do t=$(( t + $(ticks "$p") )); done; echo $t; }
-pg_ticks() { local t=0 p; for p in $(pgrep -u postgres); do t=$(( t + $(ticks "$p") )); done; echo $t; }
 
 measure() {  # LABEL RUNS_FILE COMMAND...: one line of figures
     local label=$1 runs=$2; shift 2
@@ -70,12 +39,6 @@ measure() {  # LABEL RUNS_FILE COMMAND...: one line of figures
         printf "| %s | %d | %.1f | %.2f | %.2f | %d |\n", l, n, n / w, a * 1000 / t / n, p * 1000 / t / n, d }'
 }
 
-clear_ours() {
-    env "${BENCH_ENV[@]}" .venv/bin/python -c "
-import sys; sys.path.insert(0, 'benchmarks')
-from bench_scheduler import prepare_database, clear_tables
-prepare_database('postgresql'); clear_tables()" > /dev/null
-}
 
 version=$("$PVENV/bin/python" -c 'import importlib.metadata as m; print(m.version("procrastinate"))')
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); procrastinate $version; ${WINDOW} s per variant after 8 s of warm-up"
