@@ -206,7 +206,9 @@ def test_two_schedulers_run_the_slots_side_by_side_each_once(
 def test_a_cron_line_runs_its_slot_while_the_previous_slots_line_still_runs(
     alias: str, marker: Path
 ) -> None:
-    env = command_env(marker, OVERLAP="allow_all", TICK_EVERY="2s")
+    # The first run lasts 10 s: the second line has almost 8 s to start its own, which a
+    # loaded machine needs (a cron line sets Django up before it takes its lock).
+    env = command_env(marker, OVERLAP="allow_all", TICK_EVERY="2s", LONG_SECONDS="10")
     started: list[subprocess.Popen[str]] = []
     try:
         first = launch(started, argv(alias, "overlong"), env)

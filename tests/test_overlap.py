@@ -200,7 +200,9 @@ def assert_each_slot_once(alias: str, marker: Path) -> list[JobRun]:
 def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
     alias: str, marker: Path, schedulers: list[subprocess.Popen[str]], overlap: str
 ) -> None:
-    env = scheduler_env(marker, OVERLAP=overlap)
+    # A 10 s lease: on a loaded machine a renewal on SQLite can wait for the other
+    # scheduler's writes longer than a 3 s lease allows (the run is then lost, rightly).
+    env = scheduler_env(marker, OVERLAP=overlap, OVERLONG_TTL="10")
     servers = [start_scheduler(schedulers, alias, "--jobs", "overlong", env=env) for _ in "ab"]
     wait_for(lambda: sum(r.status == "succeeded" for r in runs_of(alias)) >= 5, timeout=90)
     for server in servers:

@@ -231,11 +231,12 @@ def overrun() -> None:
 @exclusive_job(
     "overlong",
     every=os.environ.get("TICK_EVERY", "2s"),
-    ttl=3,
+    ttl=float(os.environ.get("OVERLONG_TTL", "3")),
     overlap=os.environ.get("OVERLAP", "skip"),
 )
 def overlong(slot: object) -> None:
-    """Its first run lasts LONG_SECONDS (5), past the next slots; later runs are quick."""
+    """Its first run lasts LONG_SECONDS (5), past the next slots; later runs are quick.
+    Its lease lasts OVERLONG_TTL (3) seconds."""
     first = os.environ.get("MARKER", "") + ".first"
     mark(f"overlong-start {slot.isoformat()}")  # type: ignore[attr-defined]
     if os.environ.get("MARKER") and not os.path.exists(first):
