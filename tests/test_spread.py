@@ -138,6 +138,26 @@ def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:
     assert abs(counts["old"] - counts["new"]) < 60  # 200 jobs, even shares
 
 
+def test_the_ranking_is_pinned_so_that_versions_side_by_side_agree() -> None:
+    """Servers of two versions (a rolling deploy) must compute the same ranking, or
+    each takes the slots it thinks are its own and the spread is lost (each slot still
+    runs once: the lock decides). These orders are the ranking's since it was written;
+    a change to the hash, its input or the weighing fails here and needs a note in the
+    CHANGELOG (for one deploy, schedulers of the two versions race as before)."""
+    slot = dt.datetime(2026, 11, 28, 4, 0, tzinfo=dt.UTC)
+    frees = [10, 10, 3, None, 0, 7]
+    live = [
+        spread.Peer(f"web-{i}:{100 + i}", frozenset({"report", "sync"}), free)
+        for i, free in enumerate(frees)
+    ]
+    assert spread._ranking("web-0:100", "report", slot, live) == [
+        "web-1:101", "web-5:105", "web-0:100", "web-2:102", "web-3:103", "web-4:104"
+    ]  # fmt: skip
+    assert spread._ranking("me:1", "sync", slot + dt.timedelta(hours=1), live) == [
+        "web-1:101", "web-5:105", "web-0:100", "web-3:103", "web-2:102", "me:1", "web-4:104"
+    ]  # fmt: skip
+
+
 # --- real schedulers ------------------------------------------------------------------
 
 
