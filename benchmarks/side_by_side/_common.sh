@@ -44,4 +44,10 @@ tree() {  # the process and every process under it
     echo "$1"
     for child in $(cat /proc/"$1"/task/*/children 2> /dev/null); do tree "$child"; done
 }
-pg_ticks() { local t=0 p; for p in $(pgrep -u postgres); do t=$(( t + $(ticks "$p") )); done; echo $t; }
+ticks_of() { local t=0 p; for p in "$@"; do t=$(( t + $(ticks "$p") )); done; echo $t; }
+tree_ticks() {  # ticks of the processes given and of every process under them
+    local p all=()
+    for p in "$@"; do all+=($(tree "$p")); done
+    ticks_of "${all[@]}"
+}
+pg_ticks() { ticks_of $(pgrep -u postgres); }

@@ -102,7 +102,7 @@ fi
 ROOT=$PWD
 HERE=$ROOT/benchmarks/side_by_side
 OUT=$(mktemp -d /tmp/burst-XXXX)
-source "$HERE/_common.sh"  # PSQL, PVENV, TCK, prepare, clear_ours, ticks, tree, pg_ticks
+source "$HERE/_common.sh"  # PSQL, PVENV, TCK, prepare, clear_ours, ticks, tree, tree_ticks, pg_ticks
 FIGURES=("$ROOT/.venv/bin/python" "$HERE/burst_figures.py")
 
 # --- processes: every one this script starts is in PIDS until stopped -------------------
@@ -145,9 +145,9 @@ check_alive() {
     done
 }
 
-# --- counters (ticks, tree and pg_ticks: _common.sh) -------------------------------------
+# --- counters (ticks, tree, tree_ticks and pg_ticks: _common.sh) -------------------------
 
-app_ticks() { local t=0 p q; for p in "${PIDS[@]}"; do for q in $(tree "$p"); do t=$(( t + $(ticks "$q") )); done; done; echo $t; }
+app_ticks() { tree_ticks "${PIDS[@]}"; }
 backends() {  # "pid utime+stime" of each server process connected to the database
     local p stat
     for p in $("${PSQL[@]}" -d postgres -tAc "select pid from pg_stat_activity where datname = '$1' and pid <> pg_backend_pid()"); do

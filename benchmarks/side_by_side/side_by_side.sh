@@ -19,8 +19,6 @@ OUT=$(mktemp -d /tmp/side-by-side-XXXX)
 source benchmarks/side_by_side/_common.sh
 prepare 20 1s
 
-tree_ticks() { local t=0 p; for p in $(tree "$1"); do t=$(( t + $(ticks "$p") )); done; echo $t; }
-
 measure() {  # LABEL RUNS_FILE COMMAND...: one line of figures
     local label=$1 runs=$2; shift 2
     : > "$runs"
