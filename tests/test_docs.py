@@ -40,6 +40,7 @@ import shlex
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1045,8 +1046,13 @@ def test_connection_pool_sample_works_with_the_lock(postgres: str) -> None:
     alias = alias_with(postgres, "docs_pool", database)
     try:
         assert connections[alias].pool is not None
-        with exclusive_lock("docs_pool", ttl=0.6, using=alias) as lock:
-            threading.Event().wait(1.2)  # twice the lease: only renewals keep it
+        with exclusive_lock("docs_pool", ttl=2, using=alias) as lock:
+            first_lease = lock.expires_at
+            deadline = time.monotonic() + 10
+            while lock.expires_at == first_lease and time.monotonic() < deadline:
+                threading.Event().wait(0.05)
+            # the keep-alive thread renewed through a connection of the pool
+            assert lock.expires_at > first_lease
             lock.ensure_held()
         assert lock.token == 1
         assert connections[alias].pool.get_stats()["requests_num"] >= 2
