@@ -59,7 +59,7 @@ def test_every_scheduler_agrees_on_one_first_choice_and_shares_are_even() -> Non
     planned = plans(live)
     for job in JOBS[:20]:
         places = sorted(plan[job] for plan in planned.values())
-        assert places == [0, 1, 2, 3, 4]  # one first, one second... for every job
+        assert places == [0, 1, 2, 3, 3]  # one first, second and third; then later (3)
     counts = firsts(live)
     share = len(JOBS) / len(live)
     chi_square = sum((n - share) ** 2 / share for n in counts.values())
@@ -138,24 +138,74 @@ def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:
     assert abs(counts["old"] - counts["new"]) < 60  # 200 jobs, even shares
 
 
+def first_three(job: str, slot: dt.datetime, live: list[spread.Peer]) -> list[str]:
+    """The first three choices for ``job``'s ``slot`` (every one of ``live`` serves it)."""
+    return spread._first_three(job, slot, spread._members(live[0].instance, frozenset(), live))
+
+
+def many(count: int, frees: list[int | None]) -> list[spread.Peer]:
+    return [
+        spread.Peer(f"web-{i}:{100 + i}", frozenset(JOBS), frees[i % len(frees)])
+        for i in range(count)
+    ]
+
+
+def test_among_many_schedulers_shares_follow_free_capacity() -> None:
+    """60 schedulers of free capacity 1, 2, 3 and 0: the first choices follow free
+    capacity, a full one is first for nothing, and a full one comes after every one
+    with room."""
+    live = many(60, [1, 2, 3, 0])
+    counts: Counter[str] = Counter()
+    slots = [T0 + dt.timedelta(hours=n) for n in range(20)]
+    for slot in slots:
+        for job in JOBS:  # 4,000 (job, slot)
+            order = first_three(job, slot, live)
+            counts[order[0]] += 1
+            assert len(set(order)) == 3
+    weight = {p.instance: p.free for p in live}
+    assert not [name for name in counts if weight[name] == 0]
+    total = sum(w or 0 for w in weight.values())
+    expected = {name: 4000 * w / total for name, w in weight.items() if w}
+    chi_square = sum((counts[k] - n) ** 2 / n for k, n in expected.items())
+    assert chi_square < 80.1, counts  # p = 0.001 for 44 degrees of freedom
+    mostly_full = [spread.Peer(p.instance, p.jobs, 0 if i > 1 else 1) for i, p in enumerate(live)]
+    for job in JOBS[:20]:
+        assert set(first_three(job, T0, mostly_full)[:2]) == {"web-0:100", "web-1:101"}
+
+
+def test_among_many_schedulers_one_that_goes_moves_only_its_own_share() -> None:
+    live = many(60, [None, 4])
+    gone = "web-7:107"
+    moved = 0
+    for slot in (T0 + dt.timedelta(hours=n) for n in range(10)):
+        for job in JOBS:
+            before = first_three(job, slot, live)[0]
+            after = first_three(job, slot, [p for p in live if p.instance != gone])[0]
+            moved += before != gone and after != before
+    assert moved == 0
+
+
+PINNED_JOB1 = ["web-18:118", "web-25:125", "web-6:106"]
+PINNED_JOB2 = ["web-0:100", "web-1:101", "web-2:102"]
+PINNED_PLACES = {
+    "job0": (3, "job3"), "job1": (3, "job4"), "job2": (3, "job4"), "job3": (2, "job3"),
+    "job4": (2, "job4"), "job5": (3, "job5"), "job6": (3, "job4"), "job7": (2, "job4"),
+}  # fmt: skip
+
+
 def test_the_ranking_is_pinned_so_that_versions_side_by_side_agree() -> None:
     """Servers of two versions (a rolling deploy) must compute the same ranking, or
     each takes the slots it thinks are its own and the spread is lost (each slot still
-    runs once: the lock decides). These orders are the ranking's since it was written;
-    a change to the hash, its input or the weighing fails here and needs a note in the
-    CHANGELOG (for one deploy, schedulers of the two versions race as before)."""
+    runs once: the lock decides). These orders are the ranking's since its draw is
+    mixed from two hashes; a change to the hashes, their input, the mix or the weighing
+    fails here and needs a note in the CHANGELOG (for one deploy, schedulers of the two
+    versions race as before)."""
     slot = dt.datetime(2026, 11, 28, 4, 0, tzinfo=dt.UTC)
-    frees = [10, 10, 3, None, 0, 7]
-    live = [
-        spread.Peer(f"web-{i}:{100 + i}", frozenset({"report", "sync"}), free)
-        for i, free in enumerate(frees)
-    ]
-    assert spread._ranking("web-0:100", "report", slot, live) == [
-        "web-1:101", "web-5:105", "web-0:100", "web-2:102", "web-3:103", "web-4:104"
-    ]  # fmt: skip
-    assert spread._ranking("me:1", "sync", slot + dt.timedelta(hours=1), live) == [
-        "web-1:101", "web-5:105", "web-0:100", "web-3:103", "web-2:102", "me:1", "web-4:104"
-    ]  # fmt: skip
+    live = many(40, [10, 10, 3, None, 0, 7])
+    assert first_three("job1", slot, live) == PINNED_JOB1
+    assert first_three("job2", slot + dt.timedelta(hours=1), live[:5]) == PINNED_JOB2
+    burst = {f"job{n}": slot for n in range(8)}
+    assert spread.places("me:1", slot, burst, live[:3]) == PINNED_PLACES
 
 
 # --- real schedulers ------------------------------------------------------------------

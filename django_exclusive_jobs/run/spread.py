@@ -68,26 +68,55 @@ def peers(using: str) -> list[Peer]:
     ]
 
 
+_MASK = 2**64 - 1
+
+
 def _key(*parts: str) -> bytes:
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).digest()
 
 
-def _ranking(me: str, job: str, slot: dt.datetime, live: list[Peer]) -> list[str]:
-    """The live schedulers serving ``job`` (and ``me``), first choice first, for ``slot``:
-    by the largest ``free / -ln(u)``, ``u`` a uniform draw from the hash of (scheduler,
-    job, slot), so each is first for a share of the slots in proportion to its free
-    capacity; a full one comes after all the others."""
-    moment = slot.isoformat()
-    weights = {peer.instance: peer.free for peer in live if job in peer.jobs}
-    weights.setdefault(me, None)
+def _number(*parts: str) -> int:
+    return int.from_bytes(_key(*parts), "big")
 
-    def score(instance: str) -> tuple[float, bytes]:
-        key = _key(instance, job, moment)
-        u = (int.from_bytes(key, "big") + 0.5) / 2**64  # in (0, 1)
-        free = weights[instance]
-        return (-(1 if free is None else free) / -math.log(u), key)
 
-    return sorted(weights, key=score)
+@dataclass(frozen=True)
+class _Member:
+    """A live scheduler as the ranking sees it: its hash number and its weight."""
+
+    instance: str
+    number: int  # the hash of its instance
+    weight: int  # its free capacity; not said: 1
+    jobs: frozenset[str]
+
+
+def _members(me: str, burst: frozenset[str], live: list[Peer]) -> list[_Member]:
+    """The live schedulers, and ``me``, which serves at least the jobs of its ``burst``."""
+    everyone = {peer.instance: peer for peer in live}
+    mine = everyone.get(me, Peer(me, frozenset()))
+    everyone[me] = Peer(me, mine.jobs | burst, mine.free)
+    return [
+        _Member(p.instance, _number(p.instance), 1 if p.free is None else p.free, p.jobs)
+        for p in everyone.values()
+    ]
+
+
+def _first_three(job: str, slot: dt.datetime, members: list[_Member]) -> list[str]:
+    """The first three choices for ``job``'s ``slot`` among ``members`` (those serving
+    it): by the largest ``weight / -ln(u)``, ``u`` a uniform draw mixed from the hash of
+    (job, slot) and the scheduler's (splitmix64's finalizer: a few integer operations
+    per scheduler, one hash per job), so each is first for a share of the slots in
+    proportion to its free capacity, and a full one comes after all the others."""
+    seed = _number(job, slot.isoformat())
+
+    def draw(member: _Member) -> tuple[float, int]:
+        x = seed ^ member.number
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+        x ^= x >> 31
+        u = ((x >> 12) + 0.5) / 2**52  # in (0, 1), exactly
+        return (member.weight / math.log(u), x)
+
+    return [member.instance for member in sorted(members, key=draw)[:3]]
 
 
 def turn(me: str, job: str, due: dt.datetime) -> bytes:
@@ -99,15 +128,27 @@ def places(
     me: str, due: dt.datetime, slots: dict[str, dt.datetime], live: list[Peer]
 ) -> dict[str, tuple[int, str]]:
     """For each job of a burst (the jobs whose slot starts at ``due``, with their slot):
-    this scheduler's place, and the head of the job's first choice's share: the job that
-    first choice starts first, which it has claimed within moments if it is alive."""
-    orders = {name: _ranking(me, name, slot, live) for name, slot in slots.items()}
+    this scheduler's place (0, 1, 2; 3: later), and the head of the job's first choice's
+    share: the job that first choice starts first, which it has claimed within moments
+    if it is alive."""
+    burst = frozenset(slots)
+    members = _members(me, burst, live)
+    if all(burst <= m.jobs for m in members):  # as usual: all of them serve every job
+        orders = {name: _first_three(name, slot, members) for name, slot in slots.items()}
+    else:
+        orders = {
+            name: _first_three(name, slot, [m for m in members if name in m.jobs])
+            for name, slot in slots.items()
+        }
     heads: dict[str, str] = {}
     for name, order in orders.items():
         first = order[0]
         if first not in heads or turn(first, name, due) < turn(first, heads[first], due):
             heads[first] = name
-    return {name: (order.index(me), heads[order[0]]) for name, order in orders.items()}
+    return {
+        name: (order.index(me) if me in order else 3, heads[order[0]])
+        for name, order in orders.items()
+    }
 
 
 def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta | None:
