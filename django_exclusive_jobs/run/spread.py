@@ -131,15 +131,11 @@ def places(
     this scheduler's place (0, 1, 2; 3: later), and the head of the job's first choice's
     share: the job that first choice starts first, which it has claimed within moments
     if it is alive."""
-    burst = frozenset(slots)
-    members = _members(me, burst, live)
-    if all(burst <= m.jobs for m in members):  # as usual: all of them serve every job
-        orders = {name: _first_three(name, slot, members) for name, slot in slots.items()}
-    else:
-        orders = {
-            name: _first_three(name, slot, [m for m in members if name in m.jobs])
-            for name, slot in slots.items()
-        }
+    members = _members(me, frozenset(slots), live)
+    orders = {
+        name: _first_three(name, slot, [m for m in members if name in m.jobs])
+        for name, slot in slots.items()
+    }
     heads: dict[str, str] = {}
     for name, order in orders.items():
         first = order[0]
