@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import random
 import signal
 import subprocess
 from collections import Counter
@@ -109,10 +110,12 @@ def test_shares_follow_free_capacity_and_a_full_scheduler_is_last() -> None:
     expected = {"a": 500, "b": 500, "c": 1000}
     chi_square = sum((counts[k] - n) ** 2 / n for k, n in expected.items())
     assert chi_square < 13.8, counts  # p = 0.001 for 2 degrees of freedom
-    planned = plans(live)
-    for job in JOBS[:20]:
-        assert sorted(plan[job] for plan in planned.values()) == [0, 1, 2, 3]
-        assert planned["d"][job] == 3
+    burst = dict.fromkeys(JOBS[:20], T0)
+    placed = {p.instance: spread.places(p.instance, T0, burst, live) for p in live}
+    for job in burst:
+        assert sorted(placed[me][job][0] for me in "abc") == [0, 1, 2]
+        place, head = placed["d"][job]
+        assert place == 3 or (place, head) == (2, None)  # later, or in the safety net
     everyone_full = [spread.Peer(p.instance, p.jobs, 0) for p in live]
     assert sum(firsts(everyone_full).values()) == len(JOBS)  # still one first each
 
@@ -132,6 +135,41 @@ def test_every_scheduler_agrees_on_the_head_of_each_first_choices_share() -> Non
         assert {placed[me][job][1] for job in mine} == {first}
 
 
+def test_whatever_their_views_of_free_capacity_some_scheduler_starts_each_slot() -> None:
+    """Each scheduler reads the others' free capacity at its own beat, so their orders
+    by capacity can disagree, and then none may think itself first, second or third
+    for a slot (before the safety net, 4 in 10,000 (job, slot) in a simulation of such
+    views, and 105 without a first or a second). The safety net, the first two by the
+    draw alone, does not depend on those views: every slot has a scheduler that starts
+    it at once (0), that looks at it after its handoff and again at the last resort
+    (1), or that starts it at the last resort whatever the first choice does (2, None);
+    here with views drawn at random for each scheduler, and one scheduler that died
+    still listed."""
+    rng = random.Random(27)
+    names = [f"web-{i}:{100 + i}" for i in range(10)]
+    uncovered = []
+    for hour in range(100):  # 5,000 (job, slot)
+        slot = T0 + dt.timedelta(hours=hour)
+        burst = dict.fromkeys(JOBS[:50], slot)
+        covered = set()
+        for me in names[1:]:  # names[0] died: the others still list it
+            view = [spread.Peer(name, frozenset(JOBS), rng.randint(0, 10)) for name in names]
+            for job, (place, head) in spread.places(me, slot, burst, view).items():
+                if place in (0, 1) or head is None:
+                    covered.add(job)
+        uncovered += [(job, slot) for job in burst if job not in covered]
+    assert not uncovered
+
+
+def test_with_agreeing_views_the_safety_net_is_among_the_first_two() -> None:
+    """Equal free capacity (or views that agree on it): the first two by the draw are
+    the first two by capacity, so the net adds no scheduler to those that look."""
+    live = peers("a", "b", "c", "d", "e")
+    burst = dict.fromkeys(JOBS, T0)
+    for me in ("a", "b", "c", "d", "e"):
+        assert all(head is not None for _, head in spread.places(me, T0, burst, live).values())
+
+
 def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:
     live = [spread.Peer("old", frozenset(JOBS)), spread.Peer("new", frozenset(JOBS), 1)]
     counts = firsts(live)
@@ -140,7 +178,8 @@ def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:
 
 def first_three(job: str, slot: dt.datetime, live: list[spread.Peer]) -> list[str]:
     """The first three choices for ``job``'s ``slot`` (every one of ``live`` serves it)."""
-    return spread._first_three(job, slot, spread._members(live[0].instance, frozenset(), live))
+    members = spread._members(live[0].instance, frozenset(), live)
+    return spread._choices(job, slot, members)[0]
 
 
 def many(count: int, frees: list[int | None]) -> list[spread.Peer]:
@@ -188,8 +227,8 @@ def test_among_many_schedulers_one_that_goes_moves_only_its_own_share() -> None:
 PINNED_JOB1 = ["web-18:118", "web-25:125", "web-6:106"]
 PINNED_JOB2 = ["web-0:100", "web-1:101", "web-2:102"]
 PINNED_PLACES = {
-    "job0": (3, "job3"), "job1": (3, "job4"), "job2": (3, "job4"), "job3": (2, "job3"),
-    "job4": (2, "job4"), "job5": (3, "job5"), "job6": (3, "job4"), "job7": (2, "job4"),
+    "job0": (3, "job3"), "job1": (3, "job4"), "job2": (2, None), "job3": (2, None),
+    "job4": (2, None), "job5": (3, "job5"), "job6": (3, "job4"), "job7": (2, None),
 }  # fmt: skip
 
 
@@ -199,7 +238,8 @@ def test_the_ranking_is_pinned_so_that_versions_side_by_side_agree() -> None:
     runs once: the lock decides). These orders are the ranking's since its draw is
     mixed from two hashes; a change to the hashes, their input, the mix or the weighing
     fails here and needs a note in the CHANGELOG (for one deploy, schedulers of the two
-    versions race as before)."""
+    versions race as before). The safety net (head None) changes no first choice: a
+    version without it agrees on the first, second and third choices."""
     slot = dt.datetime(2026, 11, 28, 4, 0, tzinfo=dt.UTC)
     live = many(40, [10, 10, 3, None, 0, 7])
     assert first_three("job1", slot, live) == PINNED_JOB1

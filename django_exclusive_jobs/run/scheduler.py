@@ -361,9 +361,11 @@ class Scheduler:
                     continue
                 later[name] = due + wait
                 # The second choice looks again at the last resort's time, then without
-                # asking whether the first choice is at work (it may have died since).
+                # asking whether the first choice is at work (it may have died since);
+                # so does the safety net (head None), at once.
                 last = spread.handoff(job, slots[name], 2)
                 again = due + last if place == 1 and last is not None else None
+                head = name if head is None else head
                 self.heads[name] = (head, slots[head], again)
         return later
 

@@ -4,29 +4,35 @@ Every scheduler that serves a job is due at the same slot. Without this, each ra
 every due job, in the same order: one (job, slot) costs a statement per server, the
 last job of a burst waits for the whole burst, and work spreads by chance.
 
-Instead each scheduler ranks the live schedulers that serve a job for one slot by a
-hash of (scheduler, job, slot), weighed by each one's free capacity at its last beat
+Instead each scheduler ranks the live schedulers that serve a job for one slot by a hash
+of (scheduler, job, slot), weighed by each one's free capacity at its last beat
 (``--max-concurrent`` less its running jobs): weighted rendezvous hashing. Every
-scheduler computes the same ranking from the same rows, with no message between them;
-a scheduler that comes or goes moves only its own share; one with twice the free
-capacity is the first choice for about twice the slots, and a full one for none while
-another has room. The first choice starts the slot at its time, as before. The second
-waits :data:`HANDOFF`; the third waits, as a last resort, an eighth of the interval or
-half the slot tolerance, whichever is shorter (:func:`handoff`); the others leave the
-slot to those three, so however many schedulers serve a job, at most three ever race for
-one of its slots. Each asks, in one query for all the slots it waited for, which have a
-run row (``claimed``), and whether each one's first choice has claimed the head of its
-share of the burst (:func:`places`: the slot that scheduler starts first). A slot with no
-run whose first choice has not claimed its head either is started: that scheduler is
-dead, full, or stuck. A first choice that has claimed its head is alive and working
-through its share, and its slots are left to it, so a busy burst does not turn into
-schedulers racing for the slots not reached yet: only the second choice looks again, at
-the last resort's time, and starts what is still unclaimed then (the first choice may
-have died during the burst). Any start taken over goes through the same lock and claim
-as always, so correctness never depends on the ranking. All the slots of one burst for
-which a scheduler is second are looked at together, and all the others at the last
-resort's time: at most two looks per instant, whatever the number of jobs due. A
-scheduler that stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``.
+scheduler computes the same ranking from the same rows, with no message between them; a
+scheduler that comes or goes moves only its own share; one with twice the free capacity
+is the first choice for about twice the slots, and a full one for none while another has
+room. The first choice starts the slot at its time, as before. The second waits
+:data:`HANDOFF`; the third waits, as a last resort, an eighth of the interval or half
+the slot tolerance, whichever is shorter (:func:`handoff`); the others leave the slot to
+those three, so however many schedulers serve a job, at most three ever race for one of
+its slots (five with the safety net). The schedulers read each other's free capacity at
+their own beats, so their orders by capacity can disagree; the first two by the draw
+alone (the safety net: no weights, so every view that lists the same schedulers agrees
+on it) take the third's place, without asking whether the first choice is at work, when
+the order by capacity does not already have them first or second, so that some scheduler
+always starts the slot by the last resort. Each asks, in one query for all the slots it
+waited for, which have a run row (``claimed``), and whether each one's first choice has
+claimed the head of its share of the burst (:func:`places`: the slot that scheduler
+starts first). A slot with no run whose first choice has not claimed its head either is
+started: that scheduler is dead, full, or stuck. A first choice that has claimed its
+head is alive and working through its share, and its slots are left to it, so a busy
+burst does not turn into schedulers racing for the slots not reached yet: only the
+second choice, and the safety net, look at the last resort's time and start what is
+still unclaimed then (the first choice may have died during the burst). Any start taken
+over goes through the same lock and claim as always, so correctness never depends on the
+ranking. All the slots of one burst for which a scheduler is second are looked at
+together, and all the others at the last resort's time: at most two looks per instant,
+whatever the number of jobs due. A scheduler that stopped beating drops out of the list
+within ``Scheduler.ALIVE_FOR``.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
 no job is always last.
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import heapq
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -100,23 +107,26 @@ def _members(me: str, burst: frozenset[str], live: list[Peer]) -> list[_Member]:
     ]
 
 
-def _first_three(job: str, slot: dt.datetime, members: list[_Member]) -> list[str]:
+def _choices(job: str, slot: dt.datetime, members: list[_Member]) -> tuple[list[str], list[str]]:
     """The first three choices for ``job``'s ``slot`` among ``members`` (those serving
     it): by the largest ``weight / -ln(u)``, ``u`` a uniform draw mixed from the hash of
     (job, slot) and the scheduler's (splitmix64's finalizer: a few integer operations
     per scheduler, one hash per job), so each is first for a share of the slots in
-    proportion to its free capacity, and a full one comes after all the others."""
+    proportion to its free capacity, and a full one comes after all the others. And the
+    first two by the draw alone (the largest ``u``, whatever the weights): the safety
+    net, which no view of free capacity can move (see :func:`places`)."""
     seed = _number(job, slot.isoformat())
-
-    def draw(member: _Member) -> tuple[float, int]:
+    drawn = []
+    for member in members:
         x = seed ^ member.number
         x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
         x ^= x >> 31
         u = ((x >> 12) + 0.5) / 2**52  # in (0, 1), exactly
-        return (member.weight / math.log(u), x)
-
-    return [member.instance for member in sorted(members, key=draw)[:3]]
+        drawn.append((member.weight / math.log(u), x, member.instance))
+    by_capacity = [instance for _, _, instance in sorted(drawn)[:3]]
+    by_draw = [instance for _, _, instance in heapq.nlargest(2, drawn, key=lambda d: d[1])]
+    return by_capacity, by_draw
 
 
 def turn(me: str, job: str, due: dt.datetime) -> bytes:
@@ -126,25 +136,39 @@ def turn(me: str, job: str, due: dt.datetime) -> bytes:
 
 def places(
     me: str, due: dt.datetime, slots: dict[str, dt.datetime], live: list[Peer]
-) -> dict[str, tuple[int, str]]:
+) -> dict[str, tuple[int, str | None]]:
     """For each job of a burst (the jobs whose slot starts at ``due``, with their slot):
     this scheduler's place (0, 1, 2; 3: later), and the head of the job's first choice's
     share: the job that first choice starts first, which it has claimed within moments
-    if it is alive."""
+    if it is alive.
+
+    Head None: this scheduler is in the safety net, the first two by the draw alone,
+    and not first or second by free capacity: it is third (``place`` 2) and starts the
+    slot at the last resort if nobody has claimed it, whatever the first choice does.
+    The schedulers' views of each other's free capacity differ (each read the rows at
+    its own beat), so they may disagree on the order by capacity, and then none of them
+    may think itself first, second or third. The order by the draw alone needs only the
+    list of live schedulers: the first of them by the draw sees itself first or
+    second by it in its own view (second if one that died is still listed), so every
+    slot has a scheduler that starts it by the last resort."""
     members = _members(me, frozenset(slots), live)
     orders = {
-        name: _first_three(name, slot, [m for m in members if name in m.jobs])
+        name: _choices(name, slot, [m for m in members if name in m.jobs])
         for name, slot in slots.items()
     }
     heads: dict[str, str] = {}
-    for name, order in orders.items():
+    for name, (order, _) in orders.items():
         first = order[0]
         if first not in heads or turn(first, name, due) < turn(first, heads[first], due):
             heads[first] = name
-    return {
-        name: (order.index(me) if me in order else 3, heads[order[0]])
-        for name, order in orders.items()
-    }
+    placed: dict[str, tuple[int, str | None]] = {}
+    for name, (order, net) in orders.items():
+        place = order.index(me) if me in order else 3
+        if me in net and place >= 2:
+            placed[name] = (2, None)
+        else:
+            placed[name] = (place, heads[order[0]])
+    return placed
 
 
 def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta | None:
