@@ -10,13 +10,16 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-HOURS_EDGE = (40, 5)  # seconds before and after each hour a test does not start in
+from django_exclusive_jobs.conf import DEFAULTS
+
+# Seconds before and after each hour a test does not start in: the app's default slot
+# tolerance plus 10 s for the test to run, and 5 s after.
+HOURS_EDGE = (DEFAULTS["SLOT_TOLERANCE"].total_seconds() + 10, 5.0)
 
 
 def seconds_to_wait_out_the_hours_edge(now: float) -> float:
     """How long a test starting at ``now`` (epoch seconds) waits: 0 unless it is within
-    40 s before an hour (the default slot tolerance, 30 s, plus 10 s to run) or 5 s
-    after it."""
+    :data:`HOURS_EDGE` of an hour."""
     into = now % 3600
     before, after = HOURS_EDGE
     if into < after:
