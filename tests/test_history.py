@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
 import pytest
 from django.core.management import call_command
@@ -422,6 +423,111 @@ def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:
     assert dead.finished_at is not None
     assert f"taken over by token {dead_token + 1}" in dead.error
     assert runs[dead_token + 1].status == RunStatus.SUCCEEDED
+
+
+def statements_of(alias: str, call: Callable[[], object]) -> list[str]:
+    """The statements ``call`` sends on ``alias`` (not BEGIN, COMMIT or savepoints)."""
+    from django.db import connections
+
+    seen: list[str] = []
+
+    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections[alias].execute_wrapper(record):
+        call()
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK")
+    return [sql for sql in seen if not sql.lstrip().upper().startswith(control)]
+
+
+def on_jobrun(statements: list[str], verb: str) -> list[str]:
+    return [s for s in statements if s.lstrip().upper().startswith(verb) and "JOBRUN" in s.upper()]
+
+
+def test_a_start_of_its_slot_asks_after_abandoned_runs_in_its_look(alias: str) -> None:
+    """A start of a slot that follows a run that ended (the usual start) closes no
+    abandoned run: its one look at the history asks whether there is any, so it sends
+    no UPDATE but the run's end."""
+    name = "hist-one-look"
+    job, first = ran_once(alias, name)  # the job's first run: no row before it
+    wait_for_the_next_second(alias, first.slot)
+    statements = statements_of(alias, job)
+    assert len(on_jobrun(statements, "SELECT")) == 1  # the look, with its EXISTS
+    assert "EXISTS" in on_jobrun(statements, "SELECT")[0].upper()
+    assert len(on_jobrun(statements, "UPDATE")) == 1  # the end; no closing of runs
+    runs = JobRun.objects.using(alias).filter(name=name).exclude(status=RunStatus.MISSED)
+    assert [run.status for run in runs] == [RunStatus.SUCCEEDED] * 2  # a late start: missed
+
+
+def test_a_start_of_its_slot_closes_a_crashed_servers_run_of_an_earlier_slot(
+    alias: str,
+) -> None:
+    """A server died while it ran the previous slot (its row still 'running', its
+    lease over): the next slot's start finds it in its look, marks it lost, and runs."""
+    name = "hist-crash-slot"
+    job, run = ran_once(alias, name)
+    JobRun.objects.using(alias).filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, finished_at=None, duration=None
+    )  # as a server that died in its run leaves it
+    expire_now(alias, name)
+    wait_for_the_next_second(alias, run.slot)
+    statements = statements_of(alias, job)
+    assert len(on_jobrun(statements, "SELECT")) == 2  # the look, again once closed
+    runs = JobRun.objects.using(alias).filter(name=name).exclude(status=RunStatus.MISSED)
+    assert [(r.status, r.error_type) for r in runs.order_by("slot")] == [
+        (RunStatus.LOST, "LockLost"),
+        (RunStatus.SUCCEEDED, ""),
+    ]
+    assert f"taken over by token {run.token + 1}" in runs.order_by("slot")[0].error
+
+
+def test_a_start_of_its_slot_closes_a_crashed_servers_run_now_run(alias: str) -> None:
+    """A Run now run (no slot) left running by a server that died, while the slot
+    before ran to its end: the next slot's start finds it (its look asks after every
+    run of the job, not only those of its slots) and marks it lost."""
+    name = "hist-crash-run-now"
+    job, ran = ran_once(alias, name)
+    with other_holder(alias) as other:
+        dead_token = other.try_acquire(name, ttl=30)
+    JobRun.objects.using(alias).create(
+        name=name,
+        status=RunStatus.RUNNING,
+        token=dead_token,
+        started_at=now_plus(dt.timedelta(0)),
+        host="dead-server",
+        requested_by="someone",
+    )
+    expire_now(alias, name)
+    wait_for_the_next_second(alias, ran.slot)
+    job()
+    dead = JobRun.objects.using(alias).get(name=name, token=dead_token)
+    assert (dead.slot, dead.status, dead.error_type) == (None, RunStatus.LOST, "LockLost")
+    latest = JobRun.objects.using(alias).exclude(slot=None).order_by("-slot").first()
+    assert latest is not None and latest.slot > ran.slot
+    assert (latest.status, latest.token) == (RunStatus.SUCCEEDED, dead_token + 1)
+
+
+def ran_once(alias: str, name: str) -> tuple[Callable[[], None], JobRun]:
+    """A job due every second, run once: the job, and its run."""
+
+    @exclusive_job(name, every="1s", using=alias, ttl=30)
+    def job() -> None:
+        return None
+
+    job()
+    return job, JobRun.objects.using(alias).get(name=name)
+
+
+def wait_for_the_next_second(alias: str, slot: dt.datetime | None) -> None:
+    """Sleep until the database's clock is past ``slot``'s second."""
+    import time
+
+    from django_exclusive_jobs.lock.clock import database_now
+
+    assert slot is not None
+    while database_now(alias).replace(microsecond=0) <= slot:
+        time.sleep(0.05)
 
 
 def test_token_survives_a_hand_deleted_lock_row(alias: str) -> None:

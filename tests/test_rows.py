@@ -7,6 +7,7 @@ import datetime as dt
 
 import pytest
 from django.db import connections
+from django.test.utils import CaptureQueriesContext
 
 from django_exclusive_jobs.lock.clock import DatabaseNow, database_now, plus_seconds_sql
 from django_exclusive_jobs.models import JobRun, JobState, RunStatus
@@ -91,6 +92,25 @@ def test_first_reads_a_model_instance_in_order_or_none(alias: str) -> None:
     assert (oldest.slot, oldest.attempt) == (SLOT, 1)
     assert rows.first(JobRun, alias, [("name", "=", "none")]) is None
     assert rows.first(JobState, alias, [("name", "=", "rows")]) is None
+
+
+def test_first_also_tells_whether_other_rows_exist_in_the_same_statement(alias: str) -> None:
+    """``exists``: an attribute on the row read, true or false on every backend, with
+    the parameters of both conditions in their places."""
+    new_run(alias, slot=SLOT)  # running, token 3
+    new_run(alias, slot=SLOT + dt.timedelta(minutes=30))
+    JobRun.objects.using(alias).filter(slot=SLOT + dt.timedelta(minutes=30)).update(
+        status=RunStatus.SUCCEEDED
+    )
+    where = [("name", "=", "rows"), ("slot", "<=", SLOT + dt.timedelta(hours=1))]
+    order = ("-slot", "-attempt")
+    for token, expected in ((3, False), (4, True)):  # the older run: running, token 3
+        older = [("name", "=", "rows"), ("status", "=", RunStatus.RUNNING), ("token", "<", token)]
+        with CaptureQueriesContext(connections[alias]) as seen:
+            found = rows.first(JobRun, alias, where, order, exists=("older", older))
+        assert len(seen.captured_queries) == 1
+        assert found.slot == SLOT + dt.timedelta(minutes=30)
+        assert bool(found.older) is expected and found.older in (True, False, 0, 1)
 
 
 def test_insert_without_returning_takes_the_id_from_the_cursor(

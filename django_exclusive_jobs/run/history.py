@@ -79,7 +79,8 @@ def claim(
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
-    First closes the job's runs abandoned by earlier holders (:func:`close_abandoned`).
+    Closes the job's runs abandoned by earlier holders (:func:`close_abandoned`): first,
+    or, for a start of its slot, once its look at the history has found any.
     With a schedule, the slot comes from the lock's acquisition time on database time
     (or ``not_before``, the scheduler's due slot, when the lock came a little before it),
     and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
@@ -99,7 +100,11 @@ def claim(
     """
     arguments = kwargs or {}
     side_by_side = overlap == "allow_all"
-    close_abandoned(lock, name, retry, slot=slot, side_by_side=side_by_side)
+    # A start of its slot asks in its look at the history whether any run was abandoned
+    # (below); every other start closes them first.
+    of_its_slot = not (side_by_side or schedule is None or request or backfill or requested_by)
+    if not of_its_slot:
+        close_abandoned(lock, name, retry, slot=slot, side_by_side=side_by_side)
     if request is not None:  # run now or a backfill: paused or not
         return _take_request(lock, name, request, arguments)
     if backfill is not None:  # a backfill, here: paused or not
@@ -126,11 +131,22 @@ def claim(
     from ..models import JobRun
 
     # One indexed look-up: the current slot's newest attempt if any, else the newest
-    # attempt of the newest slot before it.
+    # attempt of the newest slot before it; and whether any run was left running by an
+    # earlier holder. Only then are they closed (close_abandoned) and the look made again:
+    # a start that finds none sends one statement, not two.
     where = [("name", "=", name), ("slot", "<=", current)]
-    latest = run_statement(
-        lock.using, lambda: rows.first(JobRun, lock.using, where, ("-slot", "-attempt"))
-    )
+    exists = ("abandoned", _abandoned(name, lock)) if of_its_slot else None
+
+    def look() -> tuple[JobRun | None, bool]:
+        order = ("-slot", "-attempt")
+        found: JobRun | None = rows.first(JobRun, lock.using, where, order, exists=exists)
+        return found, bool(getattr(found, "abandoned", False))
+
+    latest, abandoned = run_statement(lock.using, look)
+    if of_its_slot and (latest is None or abandoned):
+        close_abandoned(lock, name, retry)
+        if latest is not None and _abandoned_by_its_holder(latest, lock):
+            latest, _ = run_statement(lock.using, look)  # it is closed now, or ended
     if latest is not None and latest.slot == current:
         return _again(lock, name, latest, now, retry, arguments)
     with ExitStack() as first_claim:
@@ -471,6 +487,16 @@ def is_ours(run: JobRun, lock: Lock) -> bool:
     )
 
 
+def _abandoned_by_its_holder(run: JobRun, lock: Lock) -> bool:
+    """Whether ``run``, as read, is one that :func:`close_abandoned` closes."""
+    return run.status == RunStatus.RUNNING and (run.token or 0) < (lock.token or 0)
+
+
+def _abandoned(name: str, lock: Lock) -> rows.Where:
+    """The job's runs still 'running' under a token older than ``lock``'s."""
+    return [("name", "=", name), ("status", "=", RunStatus.RUNNING), ("token", "<", lock.token)]
+
+
 def close_abandoned(
     lock: Lock,
     name: str,
@@ -478,8 +504,8 @@ def close_abandoned(
     *,
     slot: dt.datetime | None = None,
     side_by_side: bool = False,
-) -> None:
-    """Mark this job's runs still 'running' under an older token as lost.
+) -> int:
+    """Mark this job's runs still 'running' under an older token as lost; how many.
 
     Holding token N means every holder before it lost the lock: its server crashed, or
     it was paused or cut off and will find out itself. Without this a crashed run would
@@ -498,7 +524,7 @@ def close_abandoned(
     )
     from ..models import JobRun
 
-    where = [("name", "=", name), ("status", "=", RunStatus.RUNNING), ("token", "<", lock.token)]
+    where = list(_abandoned(name, lock))
     if side_by_side:
         where.append(("slot", "IS NULL", None) if slot is None else ("slot", "=", slot))
         _close_stale_slots(lock, name, slot)
@@ -518,6 +544,7 @@ def close_abandoned(
         )
     if closed and retry is not None and retry.count and lock.acquired_at is not None:
         _retry_lost(lock, name, retry, lock.acquired_at, reason)
+    return int(closed)
 
 
 def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> None:

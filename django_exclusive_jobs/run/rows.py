@@ -10,7 +10,8 @@ fields: each value is converted as the ORM converts it (``get_db_prep_save``, an
 Everything else about runs stays on the ORM.
 
 ===========  ========================================================================
-``first``    ``SELECT`` the model's columns ``WHERE ... ORDER BY ... LIMIT 1``
+``first``    ``SELECT`` the model's columns ``WHERE ... ORDER BY ... LIMIT 1``, and
+             whether other rows exist (``EXISTS``), if asked
 ``insert``   ``INSERT`` every column but the primary key; its id from ``RETURNING``
              (PostgreSQL, SQLite, MariaDB), else from the cursor (MySQL)
 ``update``   ``UPDATE ... SET ... WHERE ...``; the number of rows it matched
@@ -42,12 +43,25 @@ class Sql:
     params: tuple[Any, ...] = ()
 
 
-def first(model: type[Model], using: str, where: Where, order: tuple[str, ...] = ()) -> Any:
+def first(
+    model: type[Model],
+    using: str,
+    where: Where,
+    order: tuple[str, ...] = (),
+    *,
+    exists: tuple[str, Where] | None = None,
+) -> Any:
     """The first row of ``model`` where each ``(field, operator, value)`` holds, in
     ``order`` (``"-slot"``: descending), or None (``Model.objects.raw``, which converts
-    what it reads as a queryset does)."""
+    what it reads as a queryset does). ``exists``: (name, conditions), an attribute
+    ``name`` on the row read: whether any row of ``model`` (the one read included) meets
+    those conditions, asked in the same statement."""
     statement = _Statement(model, using)
     columns = ", ".join(statement.quote(field.column) for field in model._meta.concrete_fields)
+    if exists is not None:
+        attribute, conditions = exists
+        found = f"SELECT 1 FROM {statement.table} WHERE {statement.where(conditions)}"
+        columns += f", EXISTS({found}) AS {statement.quote(attribute)}"
     sql = f"SELECT {columns} FROM {statement.table} WHERE {statement.where(where)}"
     if order:
         sorts = (statement.column(key.lstrip("-")) + " DESC" * key.startswith("-") for key in order)
