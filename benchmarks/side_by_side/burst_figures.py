@@ -9,7 +9,9 @@ variant side by side (``table``). Standard library only.
 * the rows file, from the variant's own tables, ``|``-separated: ``name|slot|started|
   worker|deferred`` (epoch seconds on the database's clock; ``worker`` and ``deferred``
   may be empty): procrastinate's succeeded jobs with their ``started`` and ``deferred``
-  events, or our succeeded ``JobRun`` rows (``started_at``, the scheduler's pid);
+  events, or our succeeded ``JobRun`` rows (``started_at``, the scheduler's pid); none
+  for a variant that keeps no row of a run (APScheduler), whose figures from rows are
+  then ``-``;
 * the counters ``burst.sh`` sampled at the window's two edges (CPU ticks of the
   workers, of the database server, of the variant's database's backends; committed
   transactions), given on the command line;
@@ -109,9 +111,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "pairs": pairs,
         "executed": sum(executed[pair] for pair in window),
         "doubled": sum(1 for times in executed.values() if times > 1),
-        "doubled_rows": sum(1 for times in row_count.values() if times > 1),
+        "doubled_rows": sum(1 for times in row_count.values() if times > 1) if args.rows else "-",
         "missed": sum(1 for pair in window if pair not in executed),
-        "missed_rows": sum(1 for pair in window if pair not in row_count),
+        "missed_rows": sum(1 for pair in window if pair not in row_count) if args.rows else "-",
         "late": spread(list(late.values())),
         "late_db": spread([started - pair[1] for pair, started, _, _ in in_window]),
         "deferred": spread(
@@ -191,7 +193,7 @@ def main() -> None:
     one = sub.add_parser("measure")
     one.add_argument("--label", required=True)
     one.add_argument("--runs", required=True)
-    one.add_argument("--rows")
+    one.add_argument("--rows", help="none: the variant keeps no rows of its runs")
     one.add_argument("--slots", required=True, help="the window's slots, epoch, comma-separated")
     one.add_argument("--jobs", type=int, required=True)
     one.add_argument("--name-format", required=True, help="t{:02d} or bench_{:03d}")
