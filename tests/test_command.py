@@ -114,6 +114,15 @@ def start(
     return launch(processes, argv(alias, *args), env)
 
 
+def handles(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (Linux's
+    /proc/PID/status, SigCgt: the signals it catches)."""
+    for field in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if field.startswith("SigCgt:"):
+            return bool(int(field.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
 def wait_for(predicate: object, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -295,7 +304,10 @@ def test_sigterm_while_waiting_for_the_lock_stops_at_once_and_uses_no_slot(
         waiting = start(
             processes, alias, "quick", "--wait", "60", "--every", "1h", env=command_env(marker)
         )
-        time.sleep(3)  # Django is up and the command is in its wait loop
+        # Django is up and the command is in its wait loop (a fixed 3 s was not always
+        # enough on a loaded machine: the SIGTERM came before the command handled it)
+        wait_for(lambda: handles(waiting.pid, signal.SIGTERM), timeout=60)
+        time.sleep(1)
         began = time.monotonic()
         waiting.send_signal(signal.SIGTERM)
         waiting.communicate(timeout=30)
