@@ -11,7 +11,7 @@ Everything else about runs stays on the ORM.
 
 ===========  ========================================================================
 ``first``    ``SELECT`` the model's columns ``WHERE ... ORDER BY ... LIMIT 1``, and
-             whether other rows exist (``EXISTS``), if asked
+             whether any row meets other conditions (``EXISTS``), if asked
 ``insert``   ``INSERT`` every column but the primary key; its id from ``RETURNING``
              (PostgreSQL, SQLite, MariaDB), else from the cursor (MySQL)
 ``update``   ``UPDATE ... SET ... WHERE ...``; the number of rows it matched
