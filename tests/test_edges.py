@@ -120,13 +120,11 @@ def test_scheduler_runs_jobs_however_it_is_started(alias: str, project: Path, sh
     if "django-admin" not in shape:
         main_runs = (project / "main-runs.txt").read_text().split()
         assert main_runs == [str(process.pid)], "the main script ran again in a job's process"
-    # Each run imported the project and succeeded; a slot may be missed on a loaded
-    # machine, and the run going at the stop is interrupted by it (CI's Django 6.0 run
-    # failed the old "every run succeeded" without saying which status it saw).
+    # Every run succeeded; the statuses are shown if not (CI's Django 6.0 run failed
+    # this once without saying which status it saw).
     ticks = JobRun.objects.using(alias).filter(name="tick")
     statuses = list(ticks.values_list("status", flat=True))
-    assert statuses.count("succeeded") >= 2, statuses
-    assert set(statuses) <= {"succeeded", "missed", "interrupted"}, statuses
+    assert all(status == "succeeded" for status in statuses), statuses
 
 
 # --- a frozen scheduler ------------------------------------------------------------------

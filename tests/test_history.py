@@ -14,6 +14,7 @@ from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 from django_exclusive_jobs.run.history import prune_runs
 
 from .helpers import expire_now, other_holder
+from .test_one_path import statements_seen
 
 
 def test_every_run_is_recorded_with_holder_token_and_duration(alias: str) -> None:
@@ -425,22 +426,6 @@ def test_next_holder_marks_a_crashed_servers_run_lost(alias: str) -> None:
     assert runs[dead_token + 1].status == RunStatus.SUCCEEDED
 
 
-def statements_of(alias: str, call: Callable[[], object]) -> list[str]:
-    """The statements ``call`` sends on ``alias`` (not BEGIN, COMMIT or savepoints)."""
-    from django.db import connections
-
-    seen: list[str] = []
-
-    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
-        seen.append(sql)
-        return execute(sql, params, many, context)
-
-    with connections[alias].execute_wrapper(record):
-        call()
-    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK")
-    return [sql for sql in seen if not sql.lstrip().upper().startswith(control)]
-
-
 def on_jobrun(statements: list[str], verb: str) -> list[str]:
     return [s for s in statements if s.lstrip().upper().startswith(verb) and "JOBRUN" in s.upper()]
 
@@ -452,7 +437,8 @@ def test_a_start_of_its_slot_asks_after_abandoned_runs_in_its_look(alias: str) -
     name = "hist-one-look"
     job, first = ran_once(alias, name)  # the job's first run: no row before it
     wait_for_the_next_second(alias, first.slot)
-    statements = statements_of(alias, job)
+    with statements_seen(alias) as statements:
+        job()
     assert len(on_jobrun(statements, "SELECT")) == 1  # the look, with its EXISTS
     assert "EXISTS" in on_jobrun(statements, "SELECT")[0].upper()
     assert len(on_jobrun(statements, "UPDATE")) == 1  # the end; no closing of runs
@@ -472,7 +458,8 @@ def test_a_start_of_its_slot_closes_a_crashed_servers_run_of_an_earlier_slot(
     )  # as a server that died in its run leaves it
     expire_now(alias, name)
     wait_for_the_next_second(alias, run.slot)
-    statements = statements_of(alias, job)
+    with statements_seen(alias) as statements:
+        job()
     assert len(on_jobrun(statements, "SELECT")) == 2  # the look, again once closed
     runs = JobRun.objects.using(alias).filter(name=name).exclude(status=RunStatus.MISSED)
     assert [(r.status, r.error_type) for r in runs.order_by("slot")] == [

@@ -504,8 +504,8 @@ def close_abandoned(
     *,
     slot: dt.datetime | None = None,
     side_by_side: bool = False,
-) -> int:
-    """Mark this job's runs still 'running' under an older token as lost; how many.
+) -> None:
+    """Mark this job's runs still 'running' under an older token as lost.
 
     Holding token N means every holder before it lost the lock: its server crashed, or
     it was paused or cut off and will find out itself. Without this a crashed run would
@@ -544,7 +544,6 @@ def close_abandoned(
         )
     if closed and retry is not None and retry.count and lock.acquired_at is not None:
         _retry_lost(lock, name, retry, lock.acquired_at, reason)
-    return int(closed)
 
 
 def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> None:
