@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 
 from django_exclusive_jobs import LockLost, exclusive_job, force_release, try_acquire
-from django_exclusive_jobs.lock.clock import now_plus
+from django_exclusive_jobs.lock.clock import database_now, now_plus
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 from django_exclusive_jobs.run.history import prune_runs
 
@@ -197,16 +198,20 @@ def test_a_first_claim_stalled_past_its_lease_leaves_no_slot_without_a_row(alias
     def job() -> None:
         calls.append(1)
 
+    looked: list[str] = []
     stalled: list[float] = []
 
     def stall_after_the_look(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
-        result = execute(sql, params, many, context)
-        if looks_at_the_history(sql) and not stalled:  # the claim's look
+        # Before the statement after the claim's look (once its row is read: on SQLite
+        # a statement not read to its end would keep the other server from writing).
+        if looked and not stalled:
             stalled.append(time.monotonic())
             time.sleep(2.2)  # past the lease, and into the slot two after ours
             with other_holder(alias) as other:
                 other.call("run_job", alias, name, options)
-        return result
+        if looks_at_the_history(sql):
+            looked.append(sql)
+        return execute(sql, params, many, context)
 
     with connections[alias].execute_wrapper(stall_after_the_look), pytest.raises(LockLost):
         job()
@@ -493,6 +498,52 @@ def test_a_start_of_its_slot_closes_a_crashed_servers_run_now_run(alias: str) ->
     latest = JobRun.objects.using(alias).exclude(slot=None).order_by("-slot").first()
     assert latest is not None and latest.slot > ran.slot
     assert (latest.status, latest.token) == (RunStatus.SUCCEEDED, dead_token + 1)
+
+
+def test_a_won_run_of_its_slot_is_five_statements(alias: str) -> None:
+    """A start of its slot that wins: the take, one look at the history that reads the
+    job's operator row too, its run's row, the release and the end. MariaDB reads its
+    take back (six)."""
+    name = "hist-five"
+    job, first = ran_once(alias, name)
+    wait_for_the_next_second(alias, first.slot)
+    with statements_seen(alias) as statements:
+        job()
+    missed = JobRun.objects.using(alias).filter(name=name, status=RunStatus.MISSED).exists()
+    take = 2 if connections[alias].vendor == "mysql" else 1
+    assert len(statements) == take + 4 + missed, statements  # a late start: one more
+    [looked] = [s for s in statements if "JOBSTATE" in s.upper()]
+    assert looked in on_jobrun(statements, "SELECT")  # one statement reads both
+    runs = JobRun.objects.using(alias).filter(name=name).exclude(status=RunStatus.MISSED)
+    assert [run.status for run in runs] == [RunStatus.SUCCEEDED] * 2
+
+
+def test_a_run_after_its_slot_has_the_start_look_again(alias: str) -> None:
+    """The look made with the operator row is bounded by the start's time, not by the
+    slot (an override may move it): a run of a slot between the two, left by a schedule
+    that was replaced, is not the newest run of the slot's history. The start looks
+    again up to its slot, finds the run of the slot before, and runs its own."""
+    name = "hist-look-again"
+
+    @exclusive_job(name, every="1h", using=alias)
+    def hourly() -> None:
+        return None
+
+    now = database_now(alias)
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    if now - hour < dt.timedelta(seconds=2):  # no second between the slot and now yet
+        wait_for_the_next_second(alias, hour + dt.timedelta(seconds=1))
+        now = database_now(alias)
+    for slot in (hour - dt.timedelta(hours=1), now - dt.timedelta(seconds=1)):
+        JobRun.objects.using(alias).create(
+            name=name, slot=slot, status=RunStatus.SUCCEEDED, started_at=slot
+        )
+    with statements_seen(alias) as statements:
+        hourly()
+    looks = [s for s in statements if looks_at_the_history(s)]
+    assert len(looks) == 2 and "JOBSTATE" in looks[0].upper()  # then up to the slot
+    ran = JobRun.objects.using(alias).get(name=name, slot=hour)
+    assert ran.status == RunStatus.SUCCEEDED and ran.token is not None
 
 
 def ran_once(alias: str, name: str) -> tuple[Callable[[], None], JobRun]:

@@ -113,6 +113,43 @@ def test_first_also_tells_whether_other_rows_exist_in_the_same_statement(alias: 
         assert bool(found.older) is expected and found.older in (True, False, 0, 1)
 
 
+def test_first_beside_reads_a_row_of_another_table_each_without_the_other(alias: str) -> None:
+    """``first_beside``: the first row and another table's row in one statement, each
+    read whether or not the other exists, with their values converted as a queryset's
+    (JSON, booleans, aware datetimes), and the ``EXISTS`` after the first's columns."""
+    where = [("name", "=", "rows"), ("slot", "<=", SLOT + dt.timedelta(hours=1))]
+    order = ("-slot", "-attempt")
+    running = [("name", "=", "rows"), ("status", "=", RunStatus.RUNNING)]
+    beside = (JobState, [("name", "=", "rows")])
+
+    def read() -> tuple[JobRun | None, JobState | None]:
+        with CaptureQueriesContext(connections[alias]) as seen:
+            found = rows.first_beside(
+                JobRun, alias, where, order, exists=("on", running), beside=beside
+            )
+        assert len(seen.captured_queries) == 1
+        return found  # type: ignore[no-any-return]
+
+    assert read() == (None, None)
+    new_run(alias, slot=SLOT)
+    run, state = read()
+    assert state is None and isinstance(run, JobRun) and run.on is True
+    assert (run.slot, run.kwargs, run.backfill) == (SLOT, {"when": "tomorrow", "n": [1, 2]}, False)
+    assert run == JobRun.objects.using(alias).get(pk=run.pk) and run._state.db == alias
+    JobState.objects.using(alias).create(
+        name="rows", paused=True, paused_at=SLOT, override={"kwargs": {"n": 2}}
+    )
+    JobRun.objects.using(alias).update(status=RunStatus.SUCCEEDED)
+    run, state = read()
+    assert run is not None and run.on is False and run.status == RunStatus.SUCCEEDED
+    assert isinstance(state, JobState) and state.pk is not None
+    assert (state.paused, state.paused_at, state.override) == (True, SLOT, {"kwargs": {"n": 2}})
+    assert state.paused is True and state.paused_until is None and state.code == {}
+    JobRun.objects.using(alias).all().delete()
+    run, state = read()
+    assert run is None and state == JobState.objects.using(alias).get(name="rows")
+
+
 def test_insert_without_returning_takes_the_id_from_the_cursor(
     alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

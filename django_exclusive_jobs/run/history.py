@@ -60,6 +60,63 @@ class Claim:
     retry_at: dt.datetime | None = None  # the slot's next attempt is due then (skipped now)
 
 
+@dataclass
+class Look:
+    """A start's look at its job's history made with the job's operator row, in one
+    statement, before the row's override is applied (:func:`look`)."""
+
+    latest: JobRun | None  # the newest run up to the latest slot the start may serve
+    abandoned: bool  # whether any of the job's runs was left running by an earlier holder
+    state: JobState | None  # what operators decided about the job
+
+
+def of_its_slot(
+    schedule: Schedule | None,
+    overlap: str,
+    *,
+    request: RunRequest | None = None,
+    backfill: dt.datetime | None = None,
+    requested_by: str = "",
+) -> bool:
+    """Whether a start serves its schedule's slot: it asks in its look at the history
+    whether any run was abandoned (:func:`claim`), and may read the job's operator row
+    in the same statement (:func:`look`). Run now, backfills, jobs without a schedule
+    and ``overlap="allow_all"`` close abandoned runs first."""
+    return not (overlap == "allow_all" or schedule is None or request or backfill or requested_by)
+
+
+def start_time(lock: Lock, not_before: dt.datetime | None) -> dt.datetime:
+    """When a start is, on database time: the lock's acquisition, or the scheduler's
+    due slot (``not_before``) when the lock came a little before it."""
+    if lock.acquired_at is None:
+        raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
+    return lock.acquired_at if not_before is None else max(lock.acquired_at, not_before)
+
+
+ORDER = ("-slot", "-attempt")  # a job's newest slot first, and its newest attempt
+
+
+def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | None) -> Look:
+    """A start of its slot's look at the history, with the job's operator row (its pause
+    and override), in one statement: the run :func:`claim` reads and the row
+    ``Run._in_force`` reads, each sent on its own before. The override may change the
+    schedule, so the look is bounded not by the slot but by the latest the start may
+    serve under any schedule (the start's time and the slot tolerance, which an
+    override keeps); :func:`claim` looks again if the run read is after its slot."""
+    from ..models import JobRun, JobState
+
+    latest = start_time(lock, not_before) + schedule.early_limit()
+    where = [("name", "=", name), ("slot", "<=", latest)]
+    exists = ("abandoned", _abandoned(name, lock))
+    beside = (JobState, [("name", "=", name)])
+
+    def read() -> tuple[JobRun | None, JobState | None]:
+        return rows.first_beside(JobRun, lock.using, where, ORDER, exists=exists, beside=beside)
+
+    run, state = run_statement(lock.using, read)
+    return Look(run, bool(getattr(run, "abandoned", False)), state)
+
+
 def claim(
     lock: Lock,
     name: str,
@@ -76,6 +133,7 @@ def claim(
     backfill: dt.datetime | None = None,
     slot: dt.datetime | None = None,
     state: JobState | None = None,
+    looked: Look | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -97,13 +155,16 @@ def claim(
     ``state``: what operators decided about the job (:func:`job_state`, read by the
     caller, which applies its override to the job first): a pause skips the slot and
     records it ``paused``; slots of the schedule before it came in force are not missed.
+    ``looked``: the look at the history made with ``state`` (:func:`look`), if it was.
     """
     arguments = kwargs or {}
     side_by_side = overlap == "allow_all"
     # A start of its slot asks in its look at the history whether any run was abandoned
     # (below); every other start closes them first.
-    of_its_slot = not (side_by_side or schedule is None or request or backfill or requested_by)
-    if not of_its_slot:
+    its_slot = of_its_slot(
+        schedule, overlap, request=request, backfill=backfill, requested_by=requested_by
+    )
+    if not its_slot:
         close_abandoned(lock, name, retry, slot=slot, side_by_side=side_by_side)
     if request is not None:  # run now or a backfill: paused or not
         return _take_request(lock, name, request, arguments)
@@ -111,19 +172,16 @@ def claim(
         return _backfill(lock, name, backfill, requested_by, arguments)
     if requested_by:  # run now, here: paused or not, outside the schedule
         return Claim(_insert(lock, name, None, arguments, requested_by=requested_by))
-    if lock.acquired_at is None:
-        raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
+    now = start_time(lock, not_before)
+    assert lock.acquired_at is not None  # start_time said so
     paused = state is not None and state.paused_now(lock.acquired_at)
     if schedule is None:
         if paused:
             assert state is not None
             return Claim(None, why=state.why_paused())
         return Claim(_insert(lock, name, None, arguments))
-    if not_before is None:
-        now, current = lock.acquired_at, schedule.slot_at(lock.acquired_at)
-    else:  # the scheduler's start: its due slot, never a coming one
-        now = max(lock.acquired_at, not_before)
-        current = schedule.latest_at_or_before(now)[0]
+    # The scheduler's start (``not_before``) serves its due slot, never a coming one.
+    current = schedule.slot_at(now) if not_before is None else schedule.latest_at_or_before(now)[0]
     if side_by_side and slot is not None:  # the slot of its lock, chosen before the take
         if slot > current:
             return Claim(None, why=f"slot {slot.isoformat()} has not begun on database time")
@@ -133,20 +191,24 @@ def claim(
     # One indexed look-up: the current slot's newest attempt if any, else the newest
     # attempt of the newest slot before it; and whether any run was left running by an
     # earlier holder. Only then are they closed (close_abandoned) and the look made again:
-    # a start that finds none sends one statement, not two.
+    # a start that finds none sends one statement, not two. A start that read the job's
+    # operator row with it (``looked``) looked up to a later bound: a run it read after
+    # the slot (an override moved the schedule) has it look again.
     where = [("name", "=", name), ("slot", "<=", current)]
-    exists = ("abandoned", _abandoned(name, lock)) if of_its_slot else None
+    exists = ("abandoned", _abandoned(name, lock)) if its_slot else None
 
-    def look() -> tuple[JobRun | None, bool]:
-        order = ("-slot", "-attempt")
-        found: JobRun | None = rows.first(JobRun, lock.using, where, order, exists=exists)
+    def look_again() -> tuple[JobRun | None, bool]:
+        found: JobRun | None = rows.first(JobRun, lock.using, where, ORDER, exists=exists)
         return found, bool(getattr(found, "abandoned", False))
 
-    latest, abandoned = run_statement(lock.using, look)
-    if of_its_slot and (latest is None or abandoned):
+    if its_slot and looked is not None and _up_to(looked.latest, current):
+        latest, abandoned = looked.latest, looked.abandoned
+    else:
+        latest, abandoned = run_statement(lock.using, look_again)
+    if its_slot and (latest is None or abandoned):
         close_abandoned(lock, name, retry)
         if latest is not None and _abandoned_by_its_holder(latest, lock):
-            latest, _ = run_statement(lock.using, look)  # it is closed now, or ended
+            latest, _ = run_statement(lock.using, look_again)  # it is closed now, or ended
     if latest is not None and latest.slot == current:
         return _again(lock, name, latest, now, retry, arguments)
     with ExitStack() as first_claim:
@@ -200,6 +262,12 @@ def claim(
                 why = "its slot fell in its last pause"
             return Claim(None, None, missed, why=why, skipped=plan.skipped)
         return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped)
+
+
+def _up_to(run: JobRun | None, slot: dt.datetime) -> bool:
+    """Whether ``run`` is the newest up to ``slot`` when it is the newest up to a later
+    bound: there is none, or it is of ``slot`` or before."""
+    return run is None or (run.slot is not None and run.slot <= slot)
 
 
 def _together(lock: Lock, *, several: bool) -> AbstractContextManager[Any]:

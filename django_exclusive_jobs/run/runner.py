@@ -748,7 +748,19 @@ class Run:
         if not lock.held:  # taking it took longer than its lease: claim nothing
             return self._skipped("the lease ran out while the lock was being taken", "", None)
         not_before = self._on_time(lock)
-        state = self._in_force()
+        looked = None
+        declared = self.job
+        its_slot = history.of_its_slot(
+            declared.schedule,
+            declared.overlap,
+            request=self.request,
+            backfill=self.backfill,
+            requested_by=self.requested_by,
+        )
+        if its_slot and not self._state_read:  # the operator row, read with the look
+            assert declared.schedule is not None
+            looked = history.look(lock, self.name, declared.schedule, not_before)
+        state = self._in_force(looked)
         if self.job.overlap == "cancel_other":  # stops asked of runs before ours are moot
             from . import control
 
@@ -768,6 +780,7 @@ class Run:
             backfill=self.backfill,
             slot=self.lock_slot,
             state=state,
+            looked=looked,
         )
         self.slot, self.more_due = claim.slot, claim.more
         self.retry_at = claim.retry_at
@@ -784,12 +797,16 @@ class Run:
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )
 
-    def _in_force(self) -> JobState | None:
+    def _in_force(self, looked: history.Look | None = None) -> JobState | None:
         """Read what operators decided about the job (once per run: a pause, an
-        override) and run the job as they override it (see ``overrides.py``)."""
+        override), unless it was read with the look at the history (``looked``), and
+        run the job as they override it (see ``overrides.py``)."""
         if not self._state_read:
             using = resolve_alias(self.job.using)
-            self._state = history.job_state(self.name, using=using)
+            if looked is not None:
+                self._state = looked.state
+            else:
+                self._state = history.job_state(self.name, using=using)
             self.job = overrides.in_force(self.job, self._state)
             self._state_read = True
         return self._state

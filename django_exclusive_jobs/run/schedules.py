@@ -63,10 +63,14 @@ class Schedule:
         """How early a start may be and still serve the coming slot (the slot tolerance,
         at most a third of the interval so a late and an early start never meet)."""
         _, interval = self.latest_at_or_before(moment)
-        early = self.tolerance
-        if early is None:
-            early = parse_duration(app_settings.SLOT_TOLERANCE, what="SLOT_TOLERANCE")
-        return min(early, interval / 3)
+        return min(self.early_limit(), interval / 3)
+
+    def early_limit(self) -> dt.timedelta:
+        """The most :meth:`early_allowance` is, whatever the interval: the slot
+        tolerance (an operator's override of the schedule keeps it)."""
+        if self.tolerance is not None:
+            return self.tolerance
+        return parse_duration(app_settings.SLOT_TOLERANCE, what="SLOT_TOLERANCE")
 
     def slot_at(self, now: dt.datetime) -> dt.datetime:
         """The slot (a UTC datetime) that a run starting at ``now`` serves."""
