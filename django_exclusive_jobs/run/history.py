@@ -105,8 +105,8 @@ def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | No
     override keeps); :func:`claim` looks again if the run read is after its slot."""
     from ..models import JobRun, JobState
 
-    latest = start_time(lock, not_before) + schedule.early_limit()
-    where = [("name", "=", name), ("slot", "<=", latest)]
+    bound = start_time(lock, not_before) + schedule.early_limit()
+    where = [("name", "=", name), ("slot", "<=", bound)]
     exists = ("abandoned", _abandoned(name, lock))
     beside = (JobState, [("name", "=", name)])
 
@@ -197,18 +197,18 @@ def claim(
     where = [("name", "=", name), ("slot", "<=", current)]
     exists = ("abandoned", _abandoned(name, lock)) if its_slot else None
 
-    def look_again() -> tuple[JobRun | None, bool]:
+    def up_to_the_slot() -> tuple[JobRun | None, bool]:
         found: JobRun | None = rows.first(JobRun, lock.using, where, ORDER, exists=exists)
         return found, bool(getattr(found, "abandoned", False))
 
     if its_slot and looked is not None and _up_to(looked.latest, current):
         latest, abandoned = looked.latest, looked.abandoned
     else:
-        latest, abandoned = run_statement(lock.using, look_again)
+        latest, abandoned = run_statement(lock.using, up_to_the_slot)
     if its_slot and (latest is None or abandoned):
         close_abandoned(lock, name, retry)
         if latest is not None and _abandoned_by_its_holder(latest, lock):
-            latest, _ = run_statement(lock.using, look_again)  # it is closed now, or ended
+            latest, _ = run_statement(lock.using, up_to_the_slot)  # it is closed now, or ended
     if latest is not None and latest.slot == current:
         return _again(lock, name, latest, now, retry, arguments)
     with ExitStack() as first_claim:
