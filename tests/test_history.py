@@ -546,6 +546,32 @@ def test_a_run_after_its_slot_has_the_start_look_again(alias: str) -> None:
     assert ran.status == RunStatus.SUCCEEDED and ran.token is not None
 
 
+def test_an_early_start_finds_its_coming_slots_run_in_its_look(alias: str) -> None:
+    """A start a little before its slot (a cron line within the early allowance) serves
+    the coming slot; its look, made before the override is known, reaches up to the
+    start's time plus the slot tolerance, so a run another server already made of that
+    slot is found there: the start skips without trying to write the slot again (an
+    INSERT that would fail on the unique slot, an error in the database's log)."""
+    import time
+
+    name = "hist-early"
+
+    @exclusive_job(name, every="3s", using=alias)  # early allowance: a third, 1 s
+    def job() -> None:
+        return None
+
+    now = database_now(alias)
+    coming = now.replace(microsecond=0) + dt.timedelta(seconds=3 - now.second % 3)
+    time.sleep(max(0.0, (coming - now).total_seconds() - 0.7))  # 0.7 s before it
+    JobRun.objects.using(alias).create(
+        name=name, slot=coming, status=RunStatus.SUCCEEDED, started_at=coming
+    )  # run early by another server
+    with statements_seen(alias) as statements:
+        job()
+    assert on_jobrun(statements, "INSERT") == []
+    assert [run.slot for run in JobRun.objects.using(alias).filter(name=name)] == [coming]
+
+
 def ran_once(alias: str, name: str) -> tuple[Callable[[], None], JobRun]:
     """A job due every second, run once: the job, and its run."""
 

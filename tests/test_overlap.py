@@ -225,7 +225,8 @@ def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
         assert during[-1].started_at >= ended
     else:
         assert statuses == ["succeeded"] * len(during)
-    assert not [row for row in rows if row.status in ("missed", "failed", "lost")]
+    bad = [(r.slot, r.status, r.error) for r in rows if r.status in ("missed", "failed", "lost")]
+    assert not bad
 
 
 @pytest.mark.slow
