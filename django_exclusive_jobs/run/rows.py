@@ -156,8 +156,10 @@ class _Statement:
     def quote(self, name: Any) -> str:
         return str(self.connection.ops.quote_name(name))
 
-    def field(self, name: str) -> Any:
-        return self.meta.pk if name == "pk" else self.meta.get_field(name)
+    def field(self, name: str, model: type[Model] | None = None) -> Any:
+        """The field ``name`` ("pk": the primary key) of ``model``, else of this one."""
+        meta = model._meta if model is not None else self.meta
+        return meta.pk if name == "pk" else meta.get_field(name)
 
     def column(self, name: str) -> str:
         return self.quote(self.field(name).column)
@@ -231,11 +233,10 @@ class _Statement:
     def where(self, where: Where, *, qualified: type[Model] | None = None) -> str:
         """The conditions as SQL, their values added to the parameters; on the columns
         of the model ``qualified`` (named with its table) if given, else of this one."""
-        meta = qualified._meta if qualified is not None else self.meta
-        prefix = self.quote(meta.db_table) + "." if qualified is not None else ""
+        prefix = self.quote(qualified._meta.db_table) + "." if qualified is not None else ""
         conditions = []
         for name, operator, value in where:
-            field: Any = meta.pk if name == "pk" else meta.get_field(name)
+            field = self.field(name, qualified)
             column = prefix + self.quote(field.column)
             if operator == "IS NULL":
                 conditions.append(f"{column} IS NULL")

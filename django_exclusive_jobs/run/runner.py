@@ -802,11 +802,10 @@ class Run:
         override), unless it was read with the look at the history (``looked``), and
         run the job as they override it (see ``overrides.py``)."""
         if not self._state_read:
-            using = resolve_alias(self.job.using)
             if looked is not None:
                 self._state = looked.state
             else:
-                self._state = history.job_state(self.name, using=using)
+                self._state = history.job_state(self.name, using=resolve_alias(self.job.using))
             self.job = overrides.in_force(self.job, self._state)
             self._state_read = True
         return self._state
