@@ -5,34 +5,40 @@ every due job, in the same order: one (job, slot) costs a statement per server, 
 last job of a burst waits for the whole burst, and work spreads by chance.
 
 Instead each scheduler ranks the live schedulers that serve a job for one slot by a hash
-of (scheduler, job, slot), weighed by each one's free capacity at its last beat
-(``--max-concurrent`` less its running jobs): weighted rendezvous hashing. Every
-scheduler computes the same ranking from the same rows, with no message between them; a
-scheduler that comes or goes moves only its own share; one with twice the free capacity
-is the first choice for about twice the slots, and a full one for none while another has
-room. The first choice starts the slot at its time, as before. The second waits
-:data:`HANDOFF`; the third waits, as a last resort, an eighth of the interval or half
-the slot tolerance, whichever is shorter (:func:`handoff`); the others leave the slot to
-those three, so however many schedulers serve a job, at most three ever race for one of
-its slots (five with the safety net). The schedulers read each other's free capacity at
-their own beats, so their orders by capacity can disagree; the first two by the draw
-alone (the safety net: no weights, so every view that lists the same schedulers agrees
-on it) take the third's place, without asking whether the first choice is at work, when
-the order by capacity does not already have them first or second, so that some scheduler
-always starts the slot by the last resort. Each asks, in one query for all the slots it
-waited for, which have a run row (``claimed``), and whether each one's first choice has
-claimed the head of its share of the burst (:func:`places`: the slot that scheduler
-starts first). A slot with no run whose first choice has not claimed its head either is
-started: that scheduler is dead, full, or stuck. A first choice that has claimed its
-head is alive and working through its share, and its slots are left to it, so a busy
-burst does not turn into schedulers racing for the slots not reached yet: only the
-second choice, and the safety net, look at the last resort's time and start what is
-still unclaimed then (the first choice may have died during the burst). Any start taken
-over goes through the same lock and claim as always, so correctness never depends on the
-ranking. All the slots of one burst for which a scheduler is second are looked at
-together, and all the others at the last resort's time: at most two looks per instant,
-whatever the number of jobs due. A scheduler that stopped beating drops out of the list
-within ``Scheduler.ALIVE_FOR``.
+of (scheduler, job, slot): rendezvous hashing, the ones with no free capacity at their
+last beat (``--max-concurrent`` less its running jobs) last. The slots due together are
+then shared out with bounded loads: each scheduler may be the first choice for at most
+its share of them, by free capacity (:func:`_caps`), and each slot, in the order of its
+draw, goes to the first of its ranking still below its cap. Every scheduler computes the
+same shares from the same rows, with no message between them; one with twice the free
+capacity is the first choice for twice the slots, a full one for none while another has
+room, and each for its share of every burst, not for a random number of slots around it
+(plain rendezvous hashing left the busiest of 100 schedulers of 100 jobs with 2-3 times
+its share). A small difference in two views of free capacity seldom moves a cap, and
+with equal caps the views agree on every slot; a scheduler that comes or goes moves its
+own share and a few others. The first choice starts the slot at its time, as before. The
+second waits :data:`HANDOFF`; the third waits, as a last resort, an eighth of the
+interval or half the slot tolerance, whichever is shorter (:func:`handoff`); the others
+leave the slot to those three, so however many schedulers serve a job, at most three
+ever race for one of its slots (five with the safety net). The schedulers read each
+other's free capacity at their own beats, so their caps, and so their orders, can
+disagree; the first two by the draw alone (the safety net: no capacities, so every view
+that lists the same schedulers agrees on it) take the third's place, without asking
+whether the first choice is at work, when the order by capacity does not already have
+them first or second, so that some scheduler always starts the slot by the last resort.
+Each asks, in one query for all the slots it waited for, which have a run row
+(``claimed``), and whether each one's first choice has claimed the head of its share of
+the burst (:func:`places`: the slot that scheduler starts first). A slot with no run
+whose first choice has not claimed its head either is started: that scheduler is dead,
+full, or stuck. A first choice that has claimed its head is alive and working through
+its share, and its slots are left to it, so a busy burst does not turn into schedulers
+racing for the slots not reached yet: only the second choice, and the safety net, look
+at the last resort's time and start what is still unclaimed then (the first choice may
+have died during the burst). Any start taken over goes through the same lock and claim
+as always, so correctness never depends on the ranking. All the slots of one burst for
+which a scheduler is second are looked at together, and all the others at the last
+resort's time: at most two looks per instant, whatever the number of jobs due. A
+scheduler that stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
 no job is always last.
@@ -42,8 +48,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import heapq
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -107,14 +111,13 @@ def _members(me: str, burst: frozenset[str], live: list[Peer]) -> list[_Member]:
     ]
 
 
-def _choices(job: str, slot: dt.datetime, members: list[_Member]) -> tuple[list[str], list[str]]:
-    """The first three choices for ``job``'s ``slot`` among ``members`` (those serving
-    it): by the largest ``weight / -ln(u)``, ``u`` a uniform draw mixed from the hash of
-    (job, slot) and the scheduler's (splitmix64's finalizer: a few integer operations
-    per scheduler, one hash per job), so each is first for a share of the slots in
-    proportion to its free capacity, and a full one comes after all the others. And the
-    first two by the draw alone (the largest ``u``, whatever the weights): the safety
-    net, which no view of free capacity can move (see :func:`places`)."""
+def _ranking(job: str, slot: dt.datetime, members: list[_Member]) -> tuple[list[str], list[str]]:
+    """``members`` (those serving ``job``) ranked for ``job``'s ``slot`` by a draw mixed
+    from the hash of (job, slot) and the scheduler's (splitmix64's finalizer: a few
+    integer operations per scheduler, one hash per job): rendezvous hashing. Full ones
+    (no free capacity) come after all the others. And the first two by the draw alone,
+    full or not: the safety net, which no view of free capacity can move (see
+    :func:`places`)."""
     seed = _number(job, slot.isoformat())
     drawn = []
     for member in members:
@@ -122,11 +125,52 @@ def _choices(job: str, slot: dt.datetime, members: list[_Member]) -> tuple[list[
         x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
         x ^= x >> 31
-        u = ((x >> 12) + 0.5) / 2**52  # in (0, 1), exactly
-        drawn.append((member.weight / math.log(u), x, member.instance))
-    by_capacity = [instance for _, _, instance in sorted(drawn)[:3]]
-    by_draw = [instance for _, _, instance in heapq.nlargest(2, drawn, key=lambda d: d[1])]
-    return by_capacity, by_draw
+        drawn.append((-x, member.instance, member.weight == 0))
+    drawn.sort()
+    by_draw = [instance for _, instance, _ in drawn[:2]]
+    return [instance for _, instance, full in drawn if not full] + [
+        instance for _, instance, full in drawn if full
+    ], by_draw
+
+
+def _caps(members: list[_Member], count: int, due: dt.datetime) -> dict[str, int]:
+    """How many of ``count`` slots due together each of ``members`` is the first choice
+    for, at most: its share by free capacity, rounded by largest remainders, so the caps
+    add up to ``count`` and a small difference in free capacity seldom changes one. Equal
+    remainders: by a hash of (scheduler, burst), so the rounding up goes round. All full:
+    equal shares."""
+    weights = [member.weight for member in members]
+    total = sum(weights)
+    if not total:
+        weights, total = [1] * len(members), len(members)
+    caps = {m.instance: count * w // total for m, w in zip(members, weights, strict=True)}
+    order = sorted(
+        zip(members, weights, strict=True),
+        key=lambda mw: (-(count * mw[1] % total), _key(mw[0].instance, due.isoformat(), "cap")),
+    )
+    for member, _ in order[: count - sum(caps.values())]:
+        caps[member.instance] += 1
+    return caps
+
+
+def _first_three(
+    due: dt.datetime, slots: dict[str, dt.datetime], serving: list[_Member]
+) -> dict[str, tuple[list[str], list[str]]]:
+    """The first three choices for each of these jobs' slots, due together and served by
+    the same ``serving`` schedulers, and each one's safety net (:func:`_ranking`).
+    Bounded loads: the jobs, in the order of their draw, each take the first scheduler
+    of their ranking that is still below its cap (:func:`_caps`), so each scheduler is
+    the first choice for its share of the burst, not a random number of slots around it;
+    the second and third are the first two of the ranking after it."""
+    caps = _caps(serving, len(slots), due)
+    load = dict.fromkeys(caps, 0)
+    chosen = {}
+    for name in sorted(slots, key=lambda name: _key(name, slots[name].isoformat())):
+        ranking, net = _ranking(name, slots[name], serving)
+        first = next((one for one in ranking if load[one] < caps[one]), ranking[0])
+        load[first] += 1
+        chosen[name] = ([first, *[one for one in ranking if one != first][:2]], net)
+    return chosen
 
 
 def turn(me: str, job: str, due: dt.datetime) -> bytes:
@@ -143,19 +187,24 @@ def places(
     if it is alive.
 
     Head None: this scheduler is in the safety net, the first two by the draw alone,
-    and not first or second by free capacity: it is third (``place`` 2) and starts the
-    slot at the last resort if nobody has claimed it, whatever the first choice does.
-    The schedulers' views of each other's free capacity differ (each read the rows at
-    its own beat), so they may disagree on the order by capacity, and then none of them
+    and not first or second in the order by capacity: it is third (``place`` 2) and
+    starts the slot at the last resort if nobody has claimed it, whatever the first
+    choice does. The schedulers' views of each other's free capacity differ (each read
+    the rows at its own beat), so they may disagree on the caps, and then none of them
     may think itself first, second or third. The order by the draw alone needs only the
     list of live schedulers: the first of them by the draw sees itself first or
     second by it in its own view (second if one that died is still listed), so every
     slot has a scheduler that starts it by the last resort."""
     members = _members(me, frozenset(slots), live)
-    orders = {
-        name: _choices(name, slot, [m for m in members if name in m.jobs])
-        for name, slot in slots.items()
-    }
+    # Jobs served by the same schedulers share out their slots among them: each of
+    # those schedulers serves every one of these jobs, so all of them see the same burst.
+    groups: dict[frozenset[str], dict[str, dt.datetime]] = {}
+    for name, slot in slots.items():
+        serving = frozenset(m.instance for m in members if name in m.jobs)
+        groups.setdefault(serving, {})[name] = slot
+    orders: dict[str, tuple[list[str], list[str]]] = {}
+    for serving, group in groups.items():
+        orders.update(_first_three(due, group, [m for m in members if m.instance in serving]))
     heads: dict[str, str] = {}
     for name, (order, _) in orders.items():
         first = order[0]
