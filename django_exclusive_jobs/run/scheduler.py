@@ -305,8 +305,11 @@ class Scheduler:
         me = process.instance
         handoffs = self._handoffs(now)
         waited: dict[str, dt.datetime] = {}  # handed-off jobs whose wait is over
-        for name, due in sorted(self.due.items(), key=lambda i: (i[1], spread.turn(me, *i))):
-            if self.stopping or due > now:
+        # Only those due by now are put in order (a hash each): the loop comes back here
+        # after every run that ends, and most of a scheduler's jobs wait for later.
+        ready = [(name, due) for name, due in self.due.items() if due <= now]
+        for name, due in sorted(ready, key=lambda i: (i[1], spread.turn(me, *i))):
+            if self.stopping:
                 break
             if name in self.running:
                 self._supersede(self.running[name], due)
