@@ -77,7 +77,7 @@ def test_every_scheduler_agrees_on_one_first_choice_and_shares_are_even() -> Non
 
 def test_a_scheduler_that_goes_moves_its_own_share_and_few_others() -> None:
     """Its slots go to the others, whose shares grow to match; bounded loads move a few
-    of the others' slots too (here 9 of 400: rendezvous hashing alone moved none, but
+    of the others' slots too (here 2 of 134: rendezvous hashing alone moved none, but
     left each scheduler a random number of slots around its share)."""
     before = first_choices(peers("a", "b", "c"))
     after = first_choices(peers("a", "b"))
@@ -118,6 +118,52 @@ def test_jobs_served_by_different_schedulers_are_shared_among_those() -> None:
             ("a", True): 30, ("b", True): 30, ("c", True): 30, ("c", False): 55,
             ("d", False): 55,
         }  # fmt: skip
+
+
+def test_jobs_served_by_different_sets_of_schedulers_do_not_pile_up_on_one() -> None:
+    """Each job served by 2 to 5 of 20 schedulers at random: many small groups. Their
+    slots left over by the rounding go round (a draw of the scheduler, the instant and
+    the group's jobs): the busiest scheduler of a burst stays near what rendezvous
+    hashing alone gave (9.4 on average here, for a share of 5). With a draw that knew
+    only the scheduler and the instant, one scheduler was first for 67 of 100."""
+    rng = random.Random(5)
+    names = [f"web-{i}:{100 + i}" for i in range(20)]
+    served = {job: set(rng.sample(names, rng.randint(2, 5))) for job in JOBS[:100]}
+    live = [spread.Peer(n, frozenset(j for j, s in served.items() if n in s)) for n in names]
+    busiest = []
+    for slot in (T0 + dt.timedelta(hours=n) for n in range(10)):
+        counts: Counter[str] = Counter()
+        for p in live:
+            mine = dict.fromkeys(p.jobs, slot)
+            counts.update(
+                p.instance
+                for _, (place, _) in spread.places(p.instance, slot, mine, live).items()
+                if place == 0
+            )
+        assert sum(counts.values()) == 100
+        busiest.append(max(counts.values()))
+    assert sum(busiest) / len(busiest) < 12, busiest
+
+
+def test_a_job_due_alone_goes_to_schedulers_in_proportion_to_their_free_capacity() -> None:
+    """A burst of one job (a job with jitter has instants of its own): the scheduler is
+    drawn weighed by free capacity, as rendezvous hashing drew it, not always the one
+    with the most room (all of them until the next beat shows it busier)."""
+    frees = [2, 4, 6, 8, 10]
+    live = [
+        spread.Peer(f"web-{i}:{100 + i}", frozenset(JOBS), free) for i, free in enumerate(frees)
+    ]
+    counts: Counter[int] = Counter()
+    for n, job in enumerate(JOBS):  # 200 jobs, each due alone
+        slot = T0 + dt.timedelta(seconds=n)
+        [first] = [
+            p.free for p in live if spread.places(p.instance, slot, {job: slot}, live)[job][0] == 0
+        ]
+        assert first is not None
+        counts[first] += 1
+    expected = {free: 200 * free / sum(frees) for free in frees}
+    chi_square = sum((counts[f] - n) ** 2 / n for f, n in expected.items())
+    assert chi_square < 18.5, counts  # p = 0.001 for 4 degrees of freedom
 
 
 def test_the_first_choice_changes_from_slot_to_slot_and_so_does_the_order() -> None:
@@ -175,8 +221,8 @@ def test_every_scheduler_agrees_on_the_head_of_each_first_choices_share() -> Non
 def test_whatever_their_views_of_free_capacity_some_scheduler_starts_each_slot() -> None:
     """Each scheduler reads the others' free capacity at its own beat, so their orders
     by capacity can disagree, and then none may think itself first, second or third
-    for a slot (before the safety net, 4 in 10,000 (job, slot) in a simulation of such
-    views, and 105 without a first or a second). The safety net, the first two by the
+    for a slot (here, with views drawn at random, 1,387 of these 5,000 (job, slot) have
+    no first choice and 179 neither a first nor a second). The safety net, the first two by the
     draw alone, does not depend on those views: every slot has a scheduler that starts
     it at once (0), that looks at it after its handoff and again at the last resort
     (1), or that starts it at the last resort whatever the first choice does (2, None);
@@ -196,20 +242,6 @@ def test_whatever_their_views_of_free_capacity_some_scheduler_starts_each_slot()
                     covered.add(job)
         uncovered += [(job, slot) for job in burst if job not in covered]
     assert not uncovered
-
-
-def test_with_agreeing_views_the_safety_net_is_among_the_first_three() -> None:
-    """Equal free capacity (or views that agree on it): the first two by the draw are
-    among the first three choices (the first one's cap may have moved the first choice
-    further down), so the net adds no scheduler to those that look at a slot. One in
-    third place starts the slot at the last resort if it is unclaimed, as the second
-    choice does then."""
-    live = peers("a", "b", "c", "d", "e")
-    for slot in (T0 + dt.timedelta(hours=n) for n in range(5)):
-        burst = dict.fromkeys(JOBS, slot)
-        placed = {me: spread.places(me, slot, burst, live) for me in "abcde"}
-        for job in burst:
-            assert sorted(placed[me][job][0] for me in "abcde") == [0, 1, 2, 3, 3]
 
 
 def test_a_scheduler_that_said_nothing_of_its_capacity_counts_as_one() -> None:
@@ -258,7 +290,8 @@ def test_among_many_schedulers_shares_follow_free_capacity() -> None:
         assert set(first_three(job, T0, mostly_full)[:2]) == {"web-0:100", "web-1:101"}
 
 
-def test_among_many_schedulers_one_that_goes_moves_only_its_own_share() -> None:
+def test_among_many_schedulers_one_that_goes_moves_nothing_else_in_the_ranking() -> None:
+    """The ranking before any cap (rendezvous hashing): what bounded loads start from."""
     live = many(60, [None, 4])
     gone = "web-7:107"
     moved = 0
@@ -273,7 +306,7 @@ def test_among_many_schedulers_one_that_goes_moves_only_its_own_share() -> None:
 PINNED_JOB1 = ["web-18:118", "web-25:125", "web-6:106"]
 PINNED_JOB2 = ["web-3:103", "web-0:100", "web-2:102"]
 PINNED_PLACES = {
-    "job0": (3, "job4"), "job1": (2, "job4"), "job2": (1, "job2"), "job3": (1, "job4"),
+    "job0": (3, "job4"), "job1": (2, "job4"), "job2": (1, "job2"), "job3": (0, "job3"),
     "job4": (1, "job4"), "job5": (3, "job5"), "job6": (2, "job2"), "job7": (1, "job2"),
 }  # fmt: skip
 

@@ -147,6 +147,9 @@ class Scheduler:
         self.peers: list[spread.Peer] = []
         self.handed: dict[str, dt.datetime] = {}
         self.first_for: dict[str, dt.datetime] = {}  # the slots' starts it is first for
+        # The plan of the latest burst: its start, each job's place and head, its slots.
+        self.plan: tuple[dt.datetime, dict[str, tuple[int, str | None]], dict[str, dt.datetime]]
+        self.plan = (dt.datetime.min.replace(tzinfo=dt.UTC), {}, {})
         # For each handed job: the head of its first choice's share, its slot, and when
         # to look again if that first choice is at work (None: leave the slot to it).
         self.heads: dict[str, tuple[str, dt.datetime, dt.datetime | None]] = {}
@@ -340,20 +343,27 @@ class Scheduler:
         if len(self.peers) < 2:
             return {}
         bursts: dict[dt.datetime, dict[str, dt.datetime]] = {}
+        running: dict[dt.datetime, dict[str, dt.datetime]] = {}  # due here, running here
         for name, due in self.due.items():
             job = self.jobs[name]
-            if due > now or name in self.handed or name in self.running or job.schedule is None:
+            if due > now or name in self.handed or job.schedule is None:
                 continue
             if self.first_for.get(name) == due:  # placed already (it waits for room here)
                 continue
             slot = job.schedule.latest_at_or_before(due)[0]
             if job.start_of(slot) == due:
-                bursts.setdefault(due, {})[name] = slot
+                (running if name in self.running else bursts).setdefault(due, {})[name] = slot
         later: dict[str, dt.datetime | None] = {}
         for due, slots in bursts.items():
-            for name, (place, head) in spread.places(
-                process.instance, due, slots, self.peers
-            ).items():
+            # Planned once for the whole burst, the jobs still running here included, so
+            # that every scheduler shares out the same slots; a job of the burst placed
+            # later (its run here ended) keeps its place in that plan.
+            if self.plan[0] != due or not slots.keys() <= self.plan[1].keys():
+                whole = {**running.get(due, {}), **slots}
+                self.plan = (due, spread.places(process.instance, due, whole, self.peers), whole)
+            _, placed, whole = self.plan
+            for name in slots:
+                place, head = placed[name]
                 if not place:
                     self.first_for[name] = due
                     continue
@@ -369,7 +379,7 @@ class Scheduler:
                 last = spread.handoff(job, slots[name], 2)
                 again = due + last if place == 1 and last is not None else None
                 head = name if head is None else head
-                self.heads[name] = (head, slots[head], again)
+                self.heads[name] = (head, whole[head], again)
         return later
 
     def _take_over(self, waited: dict[str, dt.datetime]) -> None:

@@ -6,39 +6,41 @@ last job of a burst waits for the whole burst, and work spreads by chance.
 
 Instead each scheduler ranks the live schedulers that serve a job for one slot by a hash
 of (scheduler, job, slot): rendezvous hashing, the ones with no free capacity at their
-last beat (``--max-concurrent`` less its running jobs) last. The slots due together are
-then shared out with bounded loads: each scheduler may be the first choice for at most
-its share of them, by free capacity (:func:`_caps`), and each slot, in the order of its
-draw, goes to the first of its ranking still below its cap. Every scheduler computes the
-same shares from the same rows, with no message between them; one with twice the free
-capacity is the first choice for twice the slots, a full one for none while another has
-room, and each for its share of every burst, not for a random number of slots around it
-(plain rendezvous hashing left the busiest of 100 schedulers of 100 jobs with 2-3 times
-its share). A small difference in two views of free capacity seldom moves a cap, and
-with equal caps the views agree on every slot; a scheduler that comes or goes moves its
-own share and a few others. The first choice starts the slot at its time, as before. The
-second waits :data:`HANDOFF`; the third waits, as a last resort, an eighth of the
-interval or half the slot tolerance, whichever is shorter (:func:`handoff`); the others
-leave the slot to those three, so however many schedulers serve a job, at most three
-ever race for one of its slots (five with the safety net). The schedulers read each
-other's free capacity at their own beats, so their caps, and so their orders, can
-disagree; the first two by the draw alone (the safety net: no capacities, so every view
-that lists the same schedulers agrees on it) take the third's place, without asking
-whether the first choice is at work, when the order by capacity does not already have
-them first or second, so that some scheduler always starts the slot by the last resort.
-Each asks, in one query for all the slots it waited for, which have a run row
-(``claimed``), and whether each one's first choice has claimed the head of its share of
-the burst (:func:`places`: the slot that scheduler starts first). A slot with no run
-whose first choice has not claimed its head either is started: that scheduler is dead,
-full, or stuck. A first choice that has claimed its head is alive and working through
-its share, and its slots are left to it, so a busy burst does not turn into schedulers
-racing for the slots not reached yet: only the second choice, and the safety net, look
-at the last resort's time and start what is still unclaimed then (the first choice may
-have died during the burst). Any start taken over goes through the same lock and claim
-as always, so correctness never depends on the ranking. All the slots of one burst for
-which a scheduler is second are looked at together, and all the others at the last
-resort's time: at most two looks per instant, whatever the number of jobs due. A
-scheduler that stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``.
+last beat (``--max-concurrent`` less its running jobs) last. The slots due together (a
+burst; those of jobs still running here count too, see ``Scheduler._handoffs``) are then
+shared out with bounded loads among the schedulers that serve them: each may be the
+first choice for at most its share, by free capacity (:func:`_caps`), and each slot, in
+the order of its draw, goes to the first of its ranking still below its cap. Every
+scheduler computes the same shares from the same rows, with no message between them; one
+with twice the free capacity is the first choice for twice the slots, a full one for
+none while another has room, and each for its share of every burst, not for a random
+number of slots around it (rendezvous hashing alone left the busiest of 100 schedulers
+of 100 jobs with 3 to 3.5 times its share). Views that differ a little seldom differ in
+a cap when shares are small; with large shares (20 schedulers of 1,000 jobs) a view that
+sees one scheduler busier moves a few caps, and a scheduler that comes or goes moves its
+own share and a few others: those slots wait for a handoff. The first choice starts the
+slot at its time, as before. The second waits :data:`HANDOFF`; the third waits, as a
+last resort, an eighth of the interval or half the slot tolerance, whichever is shorter
+(:func:`handoff`); the others leave the slot to those three, so however many schedulers
+serve a job, at most three ever race for one of its slots (five with the safety net).
+The schedulers read each other's free capacity at their own beats, so their caps, and so
+their orders, can disagree; the first two by the draw alone (the safety net: no
+capacities, so every view that lists the same schedulers agrees on it) take the third's
+place, without asking whether the first choice is at work, when the order by capacity
+does not already have them first or second, so that some scheduler always starts the
+slot by the last resort. Each asks, in one query for all the slots it waited for, which
+have a run row (``claimed``), and whether each one's first choice has claimed the head
+of its share of the burst (:func:`places`: the slot that scheduler starts first). A slot
+with no run whose first choice has not claimed its head either is started: that
+scheduler is dead, full, or stuck. A first choice that has claimed its head is alive and
+working through its share, and its slots are left to it, so a busy burst does not turn
+into schedulers racing for the slots not reached yet: only the second choice, and the
+safety net, look at the last resort's time and start what is still unclaimed then (the
+first choice may have died during the burst). Any start taken over goes through the same
+lock and claim as always, so correctness never depends on the ranking. All the slots of
+one burst for which a scheduler is second are looked at together, and all the others at
+the last resort's time: at most two looks per instant, whatever the number of jobs due.
+A scheduler that stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
 no job is always last.
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -133,23 +136,36 @@ def _ranking(job: str, slot: dt.datetime, members: list[_Member]) -> tuple[list[
     ], by_draw
 
 
-def _caps(members: list[_Member], count: int, due: dt.datetime) -> dict[str, int]:
-    """How many of ``count`` slots due together each of ``members`` is the first choice
-    for, at most: its share by free capacity, rounded by largest remainders, so the caps
-    add up to ``count`` and a small difference in free capacity seldom changes one. Equal
-    remainders: by a hash of (scheduler, burst), so the rounding up goes round. All full:
-    equal shares."""
+def _caps(
+    members: list[_Member], slots: dict[str, dt.datetime], due: dt.datetime
+) -> dict[str, int]:
+    """How many of ``slots`` (due together) each of ``members`` is the first choice for,
+    at most: its share by free capacity, rounded down; the slots left over go one each to
+    the largest remainders, so the caps add up to the slots and a small difference in
+    free capacity seldom moves one. Equal remainders go by a draw from the scheduler, the
+    instant and these jobs, so the rounding up goes round across instants and groups of
+    jobs. Fewer slots than schedulers: by a draw weighed by the remainders (weighted
+    rendezvous hashing, ``remainder / -ln(u)``), so a job due alone goes to a scheduler
+    drawn in proportion to its free capacity, not always to the one with the most (for
+    a whole beat, until the others see it busier). All full: equal shares."""
     weights = [member.weight for member in members]
     total = sum(weights)
     if not total:
         weights, total = [1] * len(members), len(members)
+    count = len(slots)
     caps = {m.instance: count * w // total for m, w in zip(members, weights, strict=True)}
-    order = sorted(
-        zip(members, weights, strict=True),
-        key=lambda mw: (-(count * mw[1] % total), _key(mw[0].instance, due.isoformat(), "cap")),
-    )
-    for member, _ in order[: count - sum(caps.values())]:
-        caps[member.instance] += 1
+    these = _key(due.isoformat(), *sorted(slots)).hex()
+    drawn: list[tuple[float, float, str]] = []
+    for member, weight in zip(members, weights, strict=True):
+        remainder = count * weight % total
+        if remainder:
+            u = ((_number(member.instance, these) >> 12) + 0.5) / 2**52  # in (0, 1)
+            if count < len(members):
+                drawn.append((remainder / math.log(u), 0.0, member.instance))
+            else:
+                drawn.append((-remainder, -u, member.instance))
+    for _, _, instance in sorted(drawn)[: count - sum(caps.values())]:
+        caps[instance] += 1
     return caps
 
 
@@ -162,7 +178,7 @@ def _first_three(
     of their ranking that is still below its cap (:func:`_caps`), so each scheduler is
     the first choice for its share of the burst, not a random number of slots around it;
     the second and third are the first two of the ranking after it."""
-    caps = _caps(serving, len(slots), due)
+    caps = _caps(serving, slots, due)
     load = dict.fromkeys(caps, 0)
     chosen = {}
     for name in sorted(slots, key=lambda name: _key(name, slots[name].isoformat())):
@@ -197,7 +213,8 @@ def places(
     slot has a scheduler that starts it by the last resort."""
     members = _members(me, frozenset(slots), live)
     # Jobs served by the same schedulers share out their slots among them: each of
-    # those schedulers serves every one of these jobs, so all of them see the same burst.
+    # those schedulers serves every one of these jobs, so (with the jobs still running
+    # here counted, see Scheduler._handoffs) all of them plan the same burst.
     groups: dict[frozenset[str], dict[str, dt.datetime]] = {}
     for name, slot in slots.items():
         serving = frozenset(m.instance for m in members if name in m.jobs)
