@@ -320,12 +320,6 @@ def test_scrape_query_count_does_not_grow_with_jobs_or_runs(alias: str) -> None:
     scrape_costs_the_same(alias, jobs=100, runs=20_000)
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("forget_bulk_jobs")
-def test_scrape_of_a_thousand_jobs_and_a_million_runs_sends_as_many_queries(alias: str) -> None:
-    scrape_costs_the_same(alias, jobs=1000, runs=1_000_000)
-
-
 def test_the_view_is_closed_without_the_token_and_speaks_openmetrics_when_asked(
     alias: str,
 ) -> None:

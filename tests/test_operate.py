@@ -14,7 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connections
 from django.test import Client
-from django.test.utils import CaptureQueriesContext, override_settings
+from django.test.utils import override_settings
 from django.urls import reverse
 
 from django_exclusive_jobs import exclusive_job
@@ -235,35 +235,6 @@ def test_cron_schedules_are_shown_in_words() -> None:
     schedule = make_schedule(cron="30 2 * * 1-5", timezone="Europe/Paris")
     assert schedule is not None
     assert schedule_in_words(schedule) == ("At 02:30, Monday through Friday", "Europe/Paris")
-
-
-@pytest.mark.slow
-def test_jobs_overview_query_count_does_not_grow_with_jobs_or_runs(alias: str) -> None:
-    def count_queries() -> int:
-        with CaptureQueriesContext(connections[alias]) as queries:
-            overview(alias)
-        return len(queries)
-
-    JobLock.objects.using(alias).create(name="quick", token=1)
-    JobRun.objects.using(alias).create(
-        name="quick", status="succeeded", started_at=database_now(alias), duration=1.0
-    )
-    overview(alias)  # its first look makes the declared jobs' missing lock rows
-    few = count_queries()
-    names = [f"bulk_{n:04d}" for n in range(1000)]
-    for name in names:
-        exclusive_job(name, every="1h")(lambda: None)
-    try:
-        JobLock.objects.using(alias).bulk_create(
-            [JobLock(name=name, token=1) for name in names], batch_size=500
-        )
-        insert_runs(alias, names, 1_000_000)
-        total = JobRun.objects.using(alias).count()
-        assert total == 1_000_001
-        assert count_queries() == few
-    finally:
-        for name in names:
-            _jobs.pop(name, None)
 
 
 def insert_runs(alias: str, names: list[str], total: int) -> None:

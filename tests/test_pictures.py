@@ -298,12 +298,3 @@ def test_the_jobs_page_query_count_does_not_grow_with_jobs_or_runs(
     admin_client: Client, alias: str
 ) -> None:
     page_costs_the_same(admin_client, alias, jobs=50, runs=10_000)
-
-
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True, databases="__all__")
-@pytest.mark.usefixtures("forget_bulk_jobs")
-def test_the_jobs_page_of_a_thousand_jobs_and_a_million_runs_sends_as_many_queries(
-    admin_client: Client, alias: str
-) -> None:
-    page_costs_the_same(admin_client, alias, jobs=1000, runs=1_000_000)

@@ -1,0 +1,100 @@
+"""A thousand jobs and a million runs: the jobs page, the health overview and a metrics
+scrape each send as many queries as for one job with ten runs.
+
+The history is written once per database for the three (a million rows take 10-30 s to
+write and as long to delete; each surface's own test file checks it with fewer rows)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from django_exclusive_jobs.admin import pictures
+from django_exclusive_jobs.health import overview
+from django_exclusive_jobs.lock.clock import database_now
+from django_exclusive_jobs.models import JobLock, JobRun
+from django_exclusive_jobs.run.registry import _jobs
+
+from .test_metrics import bulk_jobs
+from .test_metrics import count_queries as scrape
+from .test_pictures import job_row, jobs_page
+
+JOBS = 1000
+RUNS = 1_000_000
+
+
+@pytest.fixture
+def forget_bulk_jobs() -> Iterator[None]:
+    yield
+    for name in [name for name in _jobs if name.startswith("bulk_")]:
+        _jobs.pop(name, None)
+
+
+def look_at_health(alias: str) -> int:
+    with CaptureQueriesContext(connections[alias]) as queries:
+        overview(alias)
+    return len(queries)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, databases="__all__")
+@pytest.mark.usefixtures("forget_bulk_jobs")
+def test_the_jobs_page_health_and_a_scrape_send_as_many_queries_for_a_million_runs(
+    alias: str,
+) -> None:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    JobLock.objects.using(alias).create(name="quick", token=1)
+    now = database_now(alias)
+    JobRun.objects.using(alias).bulk_create(
+        JobRun(name="quick", status="succeeded", started_at=now, finished_at=now, duration=1.0)
+        for _ in range(10)
+    )
+    # Each one's first look makes the declared jobs' missing lock rows.
+    jobs_page(client, alias), overview(alias), scrape(alias)
+    _, page_few = jobs_page(client, alias)
+    health_few = look_at_health(alias)
+    scrape_few, _ = scrape(alias)
+
+    bulk_jobs(alias, JOBS, RUNS)
+    assert JobRun.objects.using(alias).count() == RUNS + 10
+
+    started = time.monotonic()
+    html, page_many = jobs_page(client, alias)
+    page_took = time.monotonic() - started
+    assert page_many == page_few
+    assert job_row(html, "bulk_0007").count('class="ej-bar ej-ok"') == min(
+        pictures.STRIP_RUNS, RUNS // JOBS
+    )
+    assert look_at_health(alias) == health_few
+    started = time.monotonic()
+    scrape_many, families = scrape(alias)
+    scrape_took = time.monotonic() - started
+    assert scrape_many == scrape_few
+    [sample] = [
+        s
+        for family in families
+        if family.name == "exclusive_jobs_run_duration_seconds"
+        for s in family.samples
+        if s.labels == {"job_name": "bulk_0007", "le": "+Inf"}
+    ]
+    assert sample.value == math.ceil((RUNS - 7) / JOBS)
+    logging.getLogger(__name__).warning(
+        "%s: %s jobs, %s runs: the jobs page %s queries in %.2fs, health %s, a scrape %s in %.2fs",
+        alias,
+        JOBS,
+        RUNS,
+        page_many,
+        page_took,
+        health_few,
+        scrape_many,
+        scrape_took,
+    )
