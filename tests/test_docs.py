@@ -1567,6 +1567,44 @@ def test_exclusive_scheduler_exit_codes_match_the_docs() -> None:
         assert set(re.findall(r"^\| `(--[a-z-]+)", text, re.MULTILINE)) == options
 
 
+def test_the_line_for_slots_that_came_during_a_run_is_documented(
+    sqlite: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start after a run that lasted past two slots records them skipped (overlap="skip")
+    and prints the documented line for them, then runs its own slot."""
+    from django_exclusive_jobs import exclusive_job
+    from django_exclusive_jobs.lock.clock import database_now
+
+    @exclusive_job("docs_overran", every="1d", keepalive=False)
+    def daily() -> None:
+        pass
+
+    schedule = make_schedule(every="1d")
+    assert schedule is not None
+    current = schedule.slot_at(database_now(sqlite))
+    before = current - dt.timedelta(days=3)
+    JobRun.objects.using(sqlite).create(
+        name="docs_overran",
+        slot=before,
+        status=RunStatus.SUCCEEDED,
+        started_at=before,
+        finished_at=current - dt.timedelta(hours=1),
+        duration=(current - before).total_seconds() - 3600,
+    )
+    caplog.set_level(logging.INFO, logger="django_exclusive_jobs")
+    call_command("run_exclusive", "docs_overran", verbosity=0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "django_exclusive_jobs"]
+    skipped = [line for line in lines if line.startswith("skipped docs_overran: ")]
+    assert_lines_match(skipped, documented_block("reference/commands.md", "skipped NAME: N"))
+    first, last = before + dt.timedelta(days=1), before + dt.timedelta(days=2)
+    assert skipped == [
+        f"skipped docs_overran: 2 slot(s) came while its previous run still ran "
+        f"(overlap=skip), {first.isoformat()} .. {last.isoformat()}; recorded"
+    ]
+    statuses = [run.status for run in JobRun.objects.using(sqlite).filter(name="docs_overran")]
+    assert sorted(statuses) == ["skipped"] * 2 + ["succeeded"] * 2
+
+
 def test_missed_slot_lines_are_documented(sqlite: str, caplog: pytest.LogCaptureFixture) -> None:
     """A late start under catch_up="skip" prints both documented lines, and no other."""
     from django_exclusive_jobs import exclusive_job
@@ -1615,7 +1653,7 @@ def test_exclusive_scheduler_prints_the_documented_lines(sqlite: str, tmp_path: 
     assert process.returncode == 0, err
     patterns = [
         output_pattern(line)
-        for first in ("scheduler started", "acquired NAME", "missed NAME")
+        for first in ("scheduler started", "acquired NAME", "missed NAME", "skipped NAME: N")
         for line in documented_block("reference/commands.md", first)
     ]
     lines = [line for line in (out + err).splitlines() if line.strip()]

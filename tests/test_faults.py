@@ -108,7 +108,9 @@ def finish_worker(process: Any) -> None:
 def test_killed_holder_keeps_others_out_until_its_lease_ends_then_next_run_gets_next_token(
     alias: str, marker: Path, processes: list[subprocess.Popen[str]]
 ) -> None:
-    holder = start(processes, alias, "slow", "--ttl", "3", env=command_env(marker))
+    # A lease long enough for the next process to start and try within it on a loaded
+    # machine (with 3 s, one under CI's load started after the lease had ended).
+    holder = start(processes, alias, "slow", "--ttl", "10", env=command_env(marker))
     wait_for(lambda: runs(marker, "slow-start") == 1)
     holder.kill()
     holder.communicate(timeout=30)
