@@ -256,6 +256,21 @@ def test_a_jobs_page_charts_its_durations_with_the_median_and_the_timeout(
         _jobs.pop("charted", None)
 
 
+def jobs_page_as_before(
+    client: Client, alias: str, few: int, *, jobs: int, runs: int
+) -> tuple[str, int, float]:
+    """The jobs page, after ``runs`` runs of ``jobs`` bulk jobs were written: it sends
+    ``few`` queries, as before them, and bulk_0007's strip shows its last runs."""
+    started = time.monotonic()
+    html, many = jobs_page(client, alias)
+    took = time.monotonic() - started
+    assert many == few
+    assert job_row(html, "bulk_0007").count('class="ej-bar ej-ok"') == min(
+        pictures.STRIP_RUNS, runs // jobs
+    )
+    return html, many, took
+
+
 def page_costs_the_same(client: Client, alias: str, jobs: int, runs: int) -> None:
     """The jobs page sends as many queries for ``jobs`` jobs and ``runs`` runs as for one
     job with ten, and each strip shows its job's last runs."""
@@ -274,13 +289,7 @@ def page_costs_the_same(client: Client, alias: str, jobs: int, runs: int) -> Non
         [JobLock(name=name, token=1) for name in names], batch_size=500
     )
     insert_runs(alias, names, runs)
-    started = time.monotonic()
-    html, many = jobs_page(client, alias)
-    took = time.monotonic() - started
-    assert many == few
-    assert job_row(html, "bulk_0007").count('class="ej-bar ej-ok"') == min(
-        pictures.STRIP_RUNS, runs // jobs
-    )
+    html, many, took = jobs_page_as_before(client, alias, few, jobs=jobs, runs=runs)
     logging.getLogger(__name__).warning(
         "%s: the jobs page with %s jobs and %s runs: %s queries, %.2fs, %d kB",
         alias,
