@@ -15,7 +15,7 @@ scheduler computes the same shares from the same rows, with no message between t
 with twice the free capacity is the first choice for twice the slots, a full one for
 none while another has room, and each for its share of every burst, not for a random
 number of slots around it (rendezvous hashing alone left the busiest of 100 schedulers
-of 100 jobs with 3 to 3.5 times its share). Views that differ a little seldom differ in
+of 100 jobs with 2.3 to 3.5 times its share). Views that differ a little seldom differ in
 a cap when shares are small; with large shares (20 schedulers of 1,000 jobs) a view that
 sees one scheduler busier moves a few caps, and a scheduler that comes or goes moves its
 own share and a few others: those slots wait for a handoff. The first choice starts the
@@ -39,7 +39,8 @@ safety net, look at the last resort's time and start what is still unclaimed the
 first choice may have died during the burst). Any start taken over goes through the same
 lock and claim as always, so correctness never depends on the ranking. All the slots of
 one burst for which a scheduler is second are looked at together, and all the others at
-the last resort's time: at most two looks per instant, whatever the number of jobs due.
+the last resort's time: at most two looks per instant, whatever the number of jobs due
+(while it has room under ``--max-concurrent``; a full one looks again as its runs end).
 A scheduler that stopped beating drops out of the list within ``Scheduler.ALIVE_FOR``.
 
 The order in which a scheduler starts a burst of its own is its own hash order too, so
@@ -243,7 +244,8 @@ def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta | None:
     of the interval or half the slot tolerance, whichever is shorter (so a start taken
     over is still on time for ``catch_up="skip"``); the second choice's wait is at most
     half of that. None: a later one leaves the slot to those three (at most three
-    servers ever race for a slot, however many serve the job)."""
+    servers ever race for a slot, however many serve the job; five with the safety
+    net)."""
     assert job.schedule is not None
     if place > 2:
         return None
