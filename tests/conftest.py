@@ -102,6 +102,16 @@ def alias(
 
 
 @pytest.fixture
+def forget_bulk_jobs() -> Iterator[None]:
+    """Unregisters the ``bulk_NNNN`` jobs a test declared (the query-count tests)."""
+    yield
+    from django_exclusive_jobs.run.registry import _jobs
+
+    for name in [name for name in _jobs if name.startswith("bulk_")]:
+        _jobs.pop(name, None)
+
+
+@pytest.fixture
 def postgres(django_db_setup: None, django_db_blocker: Any) -> Iterator[str]:
     """The PostgreSQL test database, with clean lock tables."""
     if "postgres" not in settings.DATABASES:

@@ -7,7 +7,6 @@ import datetime as dt
 import logging
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,13 +167,6 @@ def admin_client() -> Client:
     client = Client()
     client.force_login(User.objects.create_superuser("root", password="pw"))
     return client
-
-
-@pytest.fixture
-def forget_bulk_jobs() -> Iterator[None]:
-    yield
-    for name in [name for name in _jobs if name.startswith("bulk_")]:
-        _jobs.pop(name, None)
 
 
 def jobs_page(client: Client, alias: str) -> tuple[str, int]:
