@@ -12,6 +12,13 @@ give the scrape target), ``status``, ``slot``, ``token``, ``holder``, ``attempt`
 - :class:`JSONFormatter` writes each record as one JSON object;
 - ``EXCLUSIVE_JOBS["LOG_FORMAT"] = "json"`` makes the commands print those objects
   instead of the sentences.
+
+A sentence carries text the app did not write: a job's exception message, a reason and
+who gave it, a name. As people read it (the commands' text mode, the log record's
+message) it is :attr:`Line.shown`: one line that cannot pass for another, control and
+format characters escaped (``values.printable``). :func:`given` cuts such a value to
+``values.SHOWN_LENGTH`` characters where the sentence is made. The JSON form keeps the
+sentence as it was made (JSON escapes what it must).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import json
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from .values import SHOWN_LENGTH, printable
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -78,6 +87,13 @@ class Line(str):
         line.fields = fields
         return line
 
+    @property
+    def shown(self) -> str:
+        """The sentence as a line of text output: control and format characters escaped,
+        so that no text it carries can end it or start another (nothing cut: each value
+        given by a person or a job was cut by :func:`given`)."""
+        return printable(self, limit=len(self))
+
     def as_json(self) -> str:
         """The JSON form: the fields, the time, the sentence as ``message``."""
         now = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
@@ -93,6 +109,19 @@ def line(event: str, text: str, **fields: Any) -> Line:
     return Line(text, {"event": event, **values})
 
 
+def given(value: object) -> str:
+    """A value given by a person or a job (an exception's message, a reason), as a
+    sentence carries it: at most ``values.SHOWN_LENGTH`` characters, ``…`` after a cut."""
+    text = str(value)
+    return text if len(text) <= SHOWN_LENGTH else f"{text[:SHOWN_LENGTH]}…"
+
+
+def shown(text: str) -> str:
+    """Any line as text output shows it: a :class:`Line`'s :attr:`~Line.shown`, other text
+    escaped and cut as a value given by a person or a job is."""
+    return text.shown if isinstance(text, Line) else printable(text)
+
+
 def extra(event: str, **fields: Any) -> dict[str, Any]:
     """``logger.warning(..., extra=extra("lost", job_name=name))``: a log call's fields."""
     fields_of = line(event, "", **fields).fields
@@ -105,8 +134,8 @@ def say(report: Callable[[str, bool], None] | None, said: Line, *, normal: bool 
     fields = said.fields
     logger.log(
         logging.INFO if normal else logging.WARNING,
-        str(said),
-        extra={"exclusive_jobs": fields, **fields},
+        said.shown,
+        extra={"exclusive_jobs": fields, **fields, "exclusive_jobs_sentence": str(said)},
     )
     if report is not None:
         report(said, normal)
@@ -136,7 +165,8 @@ class JSONFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             **getattr(record, "exclusive_jobs", {}),
-            "message": record.getMessage(),
+            # A decision line's sentence as it was made (its message is escaped for text).
+            "message": getattr(record, "exclusive_jobs_sentence", None) or record.getMessage(),
         }
         if record.exc_info:
             data["exception"] = self.formatException(record.exc_info)

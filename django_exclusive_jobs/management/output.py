@@ -9,7 +9,18 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from ..conf import app_settings
-from ..logs import Line
+from ..logs import Line, given, shown
+from ..values import printable
+
+__all__ = ["given", "line_printer", "one_line", "shown_by_logging"]
+
+
+def one_line(text: str) -> str:
+    """A line a command writes in text mode, as the decision lines are shown: control
+    and format characters escaped (``values.printable``), so that no name, reason or
+    message in it can end it or start another. Not cut: the text from people and jobs in
+    it is cut where the line is made (``logs.given``)."""
+    return printable(text, limit=len(text))
 
 
 def shown_by_logging(logger: logging.Logger, level: int) -> bool:
@@ -37,8 +48,9 @@ def line_printer(
     """Prints each decision line once: unless the project's logging already shows it.
 
     Normal lines go to stdout (not at verbosity 0; lines about skips only when ``skips``
-    or at verbosity 2), the others to stderr: as sentences, or with ``LOG_FORMAT="json"``
-    as JSON objects (the sentence and its fields).
+    or at verbosity 2), the others to stderr: as sentences (text from people and jobs
+    escaped: ``Line.shown``), or with ``LOG_FORMAT="json"`` as JSON objects (the sentence
+    and its fields).
     """
 
     as_json = app_settings.LOG_FORMAT == "json"
@@ -48,7 +60,7 @@ def line_printer(
     def report(line: str, normal: bool) -> None:
         if shown_by_logging(logger, logging.INFO if normal else logging.WARNING):
             return
-        printed = line.as_json() if as_json and isinstance(line, Line) else line
+        printed = line.as_json() if as_json and isinstance(line, Line) else shown(line)
         if not normal:
             command.stderr.write(printed)
         elif verbosity >= 1 and (skips or verbosity >= 2 or not line.startswith("skipped ")):

@@ -25,6 +25,7 @@ from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from ..logs import extra
+from ..values import storable
 from . import catchup, overrides, rows
 from .catchup import CatchUp
 from .retries import Retries
@@ -695,11 +696,13 @@ def record_end(
         "status": status,
         "finished_at": DatabaseNow(),
         "duration": duration,
-        "error_type": error_type(exception)[:255] if exception is not None else "",
-        "error": bounded_traceback(exception) if exception is not None else "",
+        # As the database takes them: a NUL or a lone surrogate must not leave the run's
+        # end unwritten (the row would stay running, then be called lost).
+        "error_type": storable(error_type(exception)[:255]) if exception is not None else "",
+        "error": storable(bounded_traceback(exception)) if exception is not None else "",
         "returncode": returncode,
-        "task_result_id": enqueued.result_id if enqueued else "",
-        "task_backend": enqueued.backend if enqueued else "",
+        "task_result_id": storable(enqueued.result_id) if enqueued else "",
+        "task_backend": storable(enqueued.backend) if enqueued else "",
         "retry_at": retry_at,
     }
     from ..models import JobRun

@@ -61,12 +61,14 @@ KILL_AFTER = 5.0  # seconds a job sent SIGTERM (a stop, its timeout) gets before
 class JobFailed(Exception):
     """A job raised in its child process; the history shows the child's traceback."""
 
-    def __init__(self, error_type: str, traceback_text: str) -> None:
+    def __init__(self, error_type: str, traceback_text: str, message: str | None = None) -> None:
         super().__init__(traceback_text.rstrip())
         self.error_type = error_type
         self.traceback_text = traceback_text
-        last = (traceback_text.strip().splitlines() or [""])[-1]
-        self.message = last.removeprefix(f"{error_type}:").strip()
+        if message is None:  # a report without it: the traceback's last line
+            last = (traceback_text.strip().splitlines() or [""])[-1]
+            message = last.removeprefix(f"{error_type}:").strip()
+        self.message = message
 
 
 @dataclass
@@ -87,7 +89,7 @@ class Outcome:
         """The outcome a run's report (see :func:`execute`, and the guard's) tells."""
         error = None
         if "error_type" in report:
-            error = JobFailed(report["error_type"], report["traceback"])
+            error = JobFailed(report["error_type"], report["traceback"], report.get("message"))
         return cls(
             returncode,
             error=error,
@@ -301,11 +303,24 @@ def execute(
     except Interrupted as exc:
         return {"interrupted_by": exc.signum, "ended": time.monotonic()}
     except BaseException as exc:  # everything a job raises is reported
-        from .history import bounded_traceback
+        from .history import TRACEBACK_LIMIT, bounded_traceback
 
         ended = time.monotonic()
-        error = {"error_type": type(exc).__qualname__, "traceback": bounded_traceback(exc)}
+        error = {
+            "error_type": type(exc).__qualname__,
+            "traceback": bounded_traceback(exc),
+            # All of a message on many lines (the traceback's last line is only its last
+            # line), bounded as the traceback is.
+            "message": _message(exc)[:TRACEBACK_LIMIT],
+        }
         return {**error, "ended": ended}
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # its __str__ raised: the traceback says so
+        return f"<{type(exc).__qualname__}: its message could not be read>"
 
 
 def _hold_stops() -> None:

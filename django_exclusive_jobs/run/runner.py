@@ -889,7 +889,8 @@ class Run:
 
     def _skipped(self, why: str, holder: str, until: dt.datetime | None) -> RunResult:
         fields = {"holder": holder or None, "until": until, "slot": self.slot}
-        self._say(line("skipped", f"skipped {self.name}: {why}", job_name=self.name, **fields))
+        said = f"skipped {self.name}: {logs.given(why)}"  # a pause's reason is in ``why``
+        self._say(line("skipped", said, job_name=self.name, **fields))
         extra = {"slot": self.slot} if self.slot is not None else {}
         signals.job_skipped.send(
             sender=self.name, name=self.name, holder=holder, expires_at=until, **extra
@@ -913,7 +914,7 @@ class Run:
         if result.exception is not None:
             exc = result.exception
             message = getattr(exc, "message", None) or exc
-            detail += f" error={history.error_type(exc)}: {message}"
+            detail += f" error={history.error_type(exc)}: {logs.given(message)}"
         if self.slot is not None and self.job.retries and not self.backfilled:
             # "attempt 1 of 3 failed; retry at T" (a backfill's attempts are not counted)
             ended = self.job.retry.describe(result.attempt, result.status.value, result.retry_at)

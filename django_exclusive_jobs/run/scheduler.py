@@ -505,7 +505,11 @@ class Scheduler:
             before = self.applied.get(name, {})
             self.applied[name] = override
             what = overrides.describe_all(override)
-            said = f"{name}: overridden ({what})" if override else f"{name}: back to its code"
+            said = (
+                f"{name}: overridden ({logs.given(what)})"
+                if override
+                else f"{name}: back to its code"
+            )
             self.say(line("override", said, job_name=name))
             if name in self.declared:
                 self.jobs[name] = overrides.in_force(self.declared[name], state)

@@ -7,6 +7,7 @@ how many processes really ran it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,14 @@ def mark(text: str) -> None:
     if path:
         with open(path, "a") as handle:
             handle.write(f"{text} {os.getpid()}\n")
+
+
+def failure(usual: str) -> RuntimeError:
+    """What a failing job raises: ``usual``, or the JSON string in the file named by
+    $ERROR_FILE (a message holding any character, NUL and lone surrogates too, of any
+    length: tests/test_forged_output.py)."""
+    path = os.environ.get("ERROR_FILE")
+    return RuntimeError(json.loads(Path(path).read_text()) if path else usual)
 
 
 @exclusive_job("quick")
@@ -36,7 +45,7 @@ def slow() -> None:
 @exclusive_job("broken")
 def broken() -> None:
     mark("broken")
-    raise RuntimeError("the report server said no")
+    raise failure("the report server said no")
 
 
 @exclusive_job("async_quick")
@@ -95,7 +104,7 @@ def crash() -> None:
         import ctypes
 
         ctypes.string_at(0)
-    raise RuntimeError("the job fell over")
+    raise failure("the job fell over")
 
 
 # --- django.tasks Tasks scheduled with @exclusive_job (tests/test_tasks.py) ------------
@@ -169,7 +178,7 @@ async def light_async(slot: object) -> None:
 @exclusive_job("light_broken", every=os.environ.get("TICK_EVERY", "2s"), in_process=True)
 def light_broken() -> None:
     mark("light_broken")
-    raise RuntimeError("the light job fell over")
+    raise failure("the light job fell over")
 
 
 @exclusive_job("steady", every=os.environ.get("TICK_EVERY", "2s"), ttl=30)

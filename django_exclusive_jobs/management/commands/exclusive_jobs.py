@@ -23,9 +23,10 @@ from django_exclusive_jobs.management.base import (
     moment_option,
     operator,
 )
-from django_exclusive_jobs.management.output import line_printer
+from django_exclusive_jobs.management.output import given, line_printer, one_line
 from django_exclusive_jobs.run import backfill, control, overrides, preview
 from django_exclusive_jobs.run.registry import get_job
+from django_exclusive_jobs.values import printable
 
 EPILOG = """\
 With no action: every job, its schedule, last run and health, as a table (or --json).
@@ -165,12 +166,12 @@ class Command(JobCommand):
                 until = until.replace(tzinfo=overrides.job_in_force(name, using=using).zone)
             control.pause(name, by=who, using=using, reason=options["reason"], until=until)
             ends = f"until {until.isoformat()}" if until else "until it is resumed"
-            self.stdout.write(f"paused {name}: its starts skip {ends}")
+            self.stdout.write(one_line(f"paused {name}: its starts skip {ends}"))
         elif action == "resume":
             if control.resume(name, by=who, using=using, reason=options["reason"]):
-                self.stdout.write(f"resumed {name}")
+                self.stdout.write(one_line(f"resumed {name}"))
             else:
-                self.stdout.write(f"{name} was not paused")
+                self.stdout.write(one_line(f"{name} was not paused"))
         else:
             report = line_printer(self, logger, options["verbosity"])
             given = options["kwargs"]
@@ -185,16 +186,18 @@ class Command(JobCommand):
             raise CommandError("backfill needs --from: the oldest slot to run.", returncode=2)
         plan = backfill.plan(job, options["start"], options["end"], using=using)
         if plan.warning:
-            self.stderr.write(f"warning: {plan.warning}")
+            self.stderr.write(one_line(f"warning: {plan.warning}"))
         if options["dry_run"]:
-            self.stdout.write(plan.describe())
+            self.stdout.write(one_line(plan.describe()))
             for slot in sorted([*plan.slots, *plan.done]):
                 if slot in plan.done:
                     self.stdout.write(
-                        f"would skip {name} slot={slot.isoformat()}: already {plan.done[slot]}"
+                        one_line(
+                            f"would skip {name} slot={slot.isoformat()}: already {plan.done[slot]}"
+                        )
                     )
                 else:
-                    self.stdout.write(f"would run {name} slot={slot.isoformat()}")
+                    self.stdout.write(one_line(f"would run {name} slot={slot.isoformat()}"))
             return
         if plan.warning and not options["yes"]:
             raise CommandError(
@@ -225,14 +228,18 @@ class Command(JobCommand):
             self.stdout.write(json.dumps(said, indent=2))
         elif schedule is None:
             self.stdout.write(
-                f"{job.name} has no schedule (every= or cron=): no slot comes; it runs only "
-                "when it is started."
+                one_line(
+                    f"{job.name} has no schedule (every= or cron=): no slot comes; it runs "
+                    "only when it is started."
+                )
             )
         else:
             jitter = f" jitter {job.jitter}" if job.jitter else ""
             self.stdout.write(
-                f"next {len(slots)} slot(s) of {job.name} after {_shown(now)} (database time): "
-                f"{schedule}{jitter}"
+                one_line(
+                    f"next {len(slots)} slot(s) of {job.name} after {_shown(now)} (database "
+                    f"time): {given(schedule)}{jitter}"
+                )
             )
             self._slots(slots, str(job.zone), jittered=bool(job.jitter))
 
@@ -250,8 +257,8 @@ class Command(JobCommand):
         if as_json:
             self.stdout.write(json.dumps(jobs.as_dict(), indent=2))
         elif check:
-            for line in jobs.problems:
-                self.stdout.write(line)
+            for line in jobs.problems:  # a problem may quote a reason or a job's error
+                self.stdout.write(printable(line))
             if not jobs.problems:
                 self.stdout.write(f"ok: {len(jobs.jobs)} job(s), no problem")
         else:
@@ -278,11 +285,13 @@ class Command(JobCommand):
         self._columns(rows)
         for job in jobs.jobs:  # an operator's override: drift from the code
             for drift in job.overrides:
-                why = f": {job.override_reason}" if job.override_reason else ""
+                why = f": {given(job.override_reason)}" if job.override_reason else ""
                 code = "the code has changed since: it says" if drift["changed"] else "code says"
                 self.stdout.write(
-                    f"{job.name}: {drift['setting']} {drift['value']} overridden by "
-                    f"{job.overridden_by}{why}; {code} {drift['code']}"
+                    one_line(
+                        f"{job.name}: {drift['setting']} {given(drift['value'])} overridden by "
+                        f"{given(job.overridden_by)}{why}; {code} {given(drift['code'])}"
+                    )
                 )
         alive = f"{jobs.schedulers_alive} scheduler(s) alive"
         if not jobs.schedulers_alive and jobs.last_beat is not None:
@@ -290,7 +299,9 @@ class Command(JobCommand):
         self.stdout.write(f"{alive}; {len(jobs.problems)} problem(s)")
 
     def _columns(self, rows: list[Any]) -> None:
-        """Rows of cells as columns, each as wide as its widest cell."""
+        """Rows of cells as columns, each as wide as its widest cell (a cell is text
+        from people or jobs: a name, a schedule; escaped and cut as such)."""
+        rows = [[printable(cell) for cell in row] for row in rows]
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             self.stdout.write(

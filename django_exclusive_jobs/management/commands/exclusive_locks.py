@@ -11,6 +11,7 @@ from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
 from django_exclusive_jobs.management.base import JobCommand, operator
+from django_exclusive_jobs.management.output import given, one_line
 from django_exclusive_jobs.models import JobLock, LockState
 
 EPILOG = """\
@@ -75,14 +76,14 @@ class Command(JobCommand):
         freed = target if live else target.not_held()
         changed = run_statement(alias, lambda: freed.force_release(by=operator()))
         if changed:
-            self.stdout.write(f"force-released {name} (was {state}, token {lock.token})")
+            self.stdout.write(one_line(f"force-released {name} (was {state}, token {lock.token})"))
         elif not live and run_statement(alias, target.held().exists):
             raise CommandError(
                 f"Lock {name!r} was taken meanwhile; add --live to force-release it anyway.",
                 returncode=1,
             )
         else:
-            self.stdout.write(f"{name} was already free")
+            self.stdout.write(one_line(f"{name} was already free"))
 
     def _list(self, alias: str, *, stale: bool, as_json: bool) -> None:
         locks = JobLock.objects.using(alias)
@@ -127,8 +128,10 @@ class Command(JobCommand):
             )
             state = record["state"] + ("!" if record["running_long"] else "")
             self.stdout.write(
-                f"{record['name']:<{width}}  {state:<9} {record['token']:>6}  {lease:<15} "
-                f"{record['holder'] or '-'}"
+                one_line(
+                    f"{record['name']:<{width}}  {state:<9} {record['token']:>6}  {lease:<15} "
+                    f"{given(record['holder'] or '-')}"
+                )
             )
 
 

@@ -18,7 +18,7 @@ from django.db import connections
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.management.base import JobCommand
-from django_exclusive_jobs.management.output import line_printer
+from django_exclusive_jobs.management.output import line_printer, one_line
 from django_exclusive_jobs.run.arguments import describe as describe_arguments
 from django_exclusive_jobs.run.catchup import CANCEL_WAIT, OVERLAPS, make_overlap
 from django_exclusive_jobs.run.child import ChildProgram
@@ -293,8 +293,10 @@ class Command(JobCommand):
                 schedule += f" jitter {job.jitter}"
             arguments = f"  {describe_arguments(job.kwargs)}" if job.kwargs else ""
             self.stdout.write(
-                f"{job.name}  ttl={job.ttl or 'default'}  min_hold={job.min_hold or 'default'}"
-                f"  {schedule}  {job.target}{arguments}"
+                one_line(
+                    f"{job.name}  ttl={job.ttl or 'default'}  "
+                    f"min_hold={job.min_hold or 'default'}  {schedule}  {job.target}{arguments}"
+                )
             )
 
 
