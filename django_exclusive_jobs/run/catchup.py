@@ -41,6 +41,13 @@ not missed: the job's ``overlap`` policy decides it, whichever server starts nex
 
 A run whose server died has no known end: the slots after its start are missed, not
 skipped, and ``catch_up`` decides them.
+
+After an operator changed the job's schedule (an override, or back to the code), the
+first start records missed the slots of the schedule it replaced that no server ran
+before the change (:func:`replaced`). That work is bounded as a backfill's is: at most
+:data:`MAX_RECORDED` slots are walked, the newest, each recorded missed; any older ones
+are one missed-range record, at the oldest's slot, saying how many slots of which
+schedule were missed from when to when, because the schedule changed.
 """
 
 from __future__ import annotations
@@ -48,16 +55,21 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ..lock.durations import DurationLike, parse_duration
 from ..lock.errors import LockConfigurationError
-from .schedules import Schedule
+from .schedules import Every, Schedule
 
 POLICIES = ("latest", "skip", "all")
 OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
 CANCEL_WAIT = 30.0  # seconds a cancel_other start waits for the run it asked to stop
 # A job every second, down for a week, would need 600,000 rows: the newest are enough.
 MAX_RECORDED = 1000
+# How many older slots of a replaced cron schedule are counted, one by one, for its
+# missed-range record (an every= schedule's are counted by arithmetic, at once).
+MAX_COUNTED = 10 * MAX_RECORDED
+_TICK = dt.timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -198,3 +210,108 @@ def _overran(schedule: Schedule, slot: dt.datetime, ran: tuple[dt.datetime, dt.d
     """The run of ``slot`` lasted its slot's interval or longer. A shorter one that a slot
     came during began late (a catch-up run): that slot is catch_up's, not overlap's."""
     return ran[1] - ran[0] >= schedule.next_after(slot) - slot
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """The slots of a replaced schedule (``schedule``, in words) that no server ran
+    before the change at ``changed``: the newest (``slots``, oldest first, at most
+    :data:`MAX_RECORDED`), and the older ones as one range (``earlier`` of them, from
+    ``first`` to ``last``; ``counted``: all of them were counted, else at least so many)."""
+
+    schedule: str
+    changed: dt.datetime
+    slots: list[dt.datetime] = field(default_factory=list)
+    earlier: int = 0
+    first: dt.datetime | None = None
+    last: dt.datetime | None = None
+    counted: bool = True
+
+    @property
+    def total(self) -> int:
+        return len(self.slots) + self.earlier
+
+    def how_many(self) -> str:
+        return f"{self.total}" if self.counted else f"more than {self.total}"
+
+    def range_record(self) -> str:
+        """What the missed-range record says: how many, from when to when, why."""
+        assert self.first is not None and self.last is not None
+        many = f"{self.earlier}" if self.counted else f"More than {self.earlier}"
+        return (
+            f"{many} slots of the replaced schedule ({self.schedule}) were missed, from "
+            f"{self.first.isoformat()} to {self.last.isoformat()}: no server ran them before "
+            f"its schedule changed at {self.changed.isoformat(timespec='seconds')}; the "
+            f"{len(self.slots)} newest are recorded one by one."
+        )
+
+
+def replaced(
+    schedule: Schedule,
+    described: str,
+    since: dt.datetime,
+    changed: dt.datetime,
+    until: dt.datetime,
+    pause: tuple[dt.datetime, dt.datetime] | None = None,
+) -> Replaced:
+    """The slots of ``schedule`` (replaced at ``changed``) after ``since`` (the job's
+    latest recorded slot) and before ``until``, outside ``pause``: at most
+    :data:`MAX_RECORDED` walked, from the newest back (each slot a step, a pause jumped
+    over), and the older ones counted (see :class:`Replaced`)."""
+    newest: list[dt.datetime] = []
+    slot = _before(schedule, until, pause)
+    while slot > since and len(newest) < MAX_RECORDED:
+        newest.append(slot)
+        slot = _before(schedule, slot, pause)
+    newest.reverse()
+    if slot <= since:
+        return Replaced(described, changed, newest)
+    first = schedule.next_after(since)
+    if pause is not None and pause[0] <= first <= pause[1]:
+        first = schedule.next_after(pause[1])
+    earlier, counted = _count(schedule, since, slot, pause)
+    return Replaced(described, changed, newest, earlier, first, slot, counted)
+
+
+def _before(
+    schedule: Schedule, moment: dt.datetime, pause: tuple[dt.datetime, dt.datetime] | None
+) -> dt.datetime:
+    """The latest slot strictly before ``moment``, outside ``pause`` (jumped over)."""
+    slot, _ = schedule.latest_at_or_before(moment - _TICK)
+    if pause is not None and pause[0] <= slot <= pause[1]:
+        slot, _ = schedule.latest_at_or_before(pause[0] - _TICK)
+    return slot
+
+
+def _count(
+    schedule: Schedule,
+    since: dt.datetime,
+    last: dt.datetime,
+    pause: tuple[dt.datetime, dt.datetime] | None,
+) -> tuple[int, bool]:
+    """How many slots of ``schedule`` are after ``since`` and up to ``last``, outside
+    ``pause``, and whether that is all of them (a cron schedule's are counted up to
+    :data:`MAX_COUNTED`)."""
+    if isinstance(schedule, Every):
+        count = _multiples(schedule, since, last)
+        if pause is not None and pause[0] <= last and pause[1] > since:
+            inside = _multiples(schedule, max(since, pause[0] - _TICK), min(last, pause[1]))
+            count -= inside
+        return count, True
+    slots = islice(schedule.slots_after(since), MAX_COUNTED + 1)
+    count = 0
+    for slot in slots:
+        if slot > last:
+            return count, True
+        if pause is None or not pause[0] <= slot <= pause[1]:
+            count += 1
+    return count, False
+
+
+def _multiples(schedule: Every, after: dt.datetime, upto: dt.datetime) -> int:
+    """How many slots of ``schedule`` are after ``after`` and up to ``upto``."""
+    if upto <= after:
+        return 0
+    top, _ = schedule.latest_at_or_before(upto)
+    bottom, _ = schedule.latest_at_or_before(after)
+    return max(0, (top - bottom) // schedule.period)

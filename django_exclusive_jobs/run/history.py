@@ -59,6 +59,8 @@ class Claim:
     why: str = ""
     skipped: list[dt.datetime] = field(default_factory=list)  # came during a run (overlap)
     retry_at: dt.datetime | None = None  # the slot's next attempt is due then (skipped now)
+    # the replaced schedule's slots among ``missed`` (and the older ones, as one range)
+    replaced: catchup.Replaced | None = None
 
 
 @dataclass
@@ -240,29 +242,32 @@ def claim(
             ran=_ran(latest),
             start_of=start_of,
         )
-        missed = replaced + plan.missed  # the old schedule's, then the new one's
+        old = replaced.slots if replaced is not None else []
+        missed = old + plan.missed  # the old schedule's, then the new one's
         with _together(lock, several=bool(missed or plan.skipped)):
-            record_missed(lock, name, missed, arguments)
+            if replaced is not None:
+                _record_replaced(lock, name, replaced, arguments)
+            record_missed(lock, name, plan.missed, arguments)
             _record_skipped(lock, name, plan.skipped, latest, arguments)
             run = None if plan.run is None else _insert(lock, name, plan.run, arguments)
         if plan.run is None:
-            late = missed[-1].isoformat() if missed else "?"
             policy = (catch_up or CatchUp()).policy
-            why = f"slot {late} started too late (catch_up={policy}): recorded missed"
-            if plan.skipped and not missed:
+            if plan.missed:  # the new schedule's slots: the replaced one's are not late
+                late = plan.missed[-1].isoformat()
+                why = f"slot {late} started too late (catch_up={policy}): recorded missed"
+            elif plan.skipped:
                 why = f"slot {plan.skipped[-1].isoformat()} came during a run (overlap={overlap})"
             elif (
-                not missed
-                and state is not None
+                state is not None
                 and state.schedule_since is not None
                 and (current < state.schedule_since)
             ):
                 since = state.schedule_since.isoformat(timespec="seconds")
                 why = f"its slot came before its schedule was put in force at {since}"
-            elif not missed:
+            else:
                 why = "its slot fell in its last pause"
-            return Claim(None, None, missed, why=why, skipped=plan.skipped)
-        return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped)
+            return Claim(None, None, missed, why=why, skipped=plan.skipped, replaced=replaced)
+        return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped, replaced=replaced)
 
 
 def _up_to(run: JobRun | None, slot: dt.datetime) -> bool:
@@ -512,6 +517,26 @@ def record_missed(
     noticed = lock.acquired_at.isoformat(timespec="seconds") if lock.acquired_at else "?"
     why = f"No server ran this slot before {lock.holder} started the job at {noticed}."
     _record_slots(lock, name, slots, RunStatus.MISSED, why, kwargs)
+
+
+def _record_replaced(
+    lock: Lock, name: str, replaced: catchup.Replaced, kwargs: dict[str, Any]
+) -> None:
+    """The replaced schedule's slots no server ran: the newest one by one, the older
+    ones (beyond ``catchup.MAX_RECORDED``) as one missed-range record at the oldest's
+    slot."""
+    noticed = lock.acquired_at.isoformat(timespec="seconds") if lock.acquired_at else "?"
+    changed = replaced.changed.isoformat(timespec="seconds")
+    why = (
+        f"No server ran this slot of its replaced schedule ({replaced.schedule}) before its "
+        f"schedule changed at {changed}; noticed by {lock.holder} at {noticed}."
+    )
+    if replaced.first is not None:
+        _record_slots(
+            lock, name, [replaced.first], RunStatus.MISSED, replaced.range_record(), kwargs
+        )
+    if replaced.slots:
+        _record_slots(lock, name, replaced.slots, RunStatus.MISSED, why, kwargs)
 
 
 def _record_slots(

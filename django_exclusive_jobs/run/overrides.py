@@ -38,6 +38,7 @@ from .schedules import Cron, Every, Schedule, make_schedule
 
 if TYPE_CHECKING:
     from ..models import JobState
+    from .catchup import Replaced
 
 SETTINGS = ("schedule", "kwargs", "timeout", "overlap")
 
@@ -277,30 +278,21 @@ def read(names: list[str], *, using: str) -> dict[str, JobState]:
 
 def replaced_slots(
     state: JobState | None, since: dt.datetime | None, now: dt.datetime
-) -> list[dt.datetime]:
+) -> Replaced | None:
     """The slots of the schedule that ``state``'s change replaced, after ``since`` (the
-    job's latest recorded slot) and before the change: no server ran them (at most
-    ``MAX_RECORDED``, the newest), outside the last pause. None if the latest slot is
-    after the change."""
-    from .catchup import MAX_RECORDED
+    job's latest recorded slot) and before the change: no server ran them, outside the
+    last pause (at most ``MAX_RECORDED`` walked, the newest; the older ones counted as
+    one range: ``catchup.replaced``). None if the latest slot is after the change."""
+    from .catchup import replaced
 
     changed = state.schedule_since if state is not None else None
     if state is None or changed is None or not state.schedule_before or since is None:
-        return []
+        return None
     if since >= changed:
-        return []
+        return None
     schedule = make(state.schedule_before, None)
-    pause = state.last_pause(now)
-    slots = []
-    for slot in schedule.slots_after(since):
-        if slot >= min(changed, now):
-            break
-        if pause is not None and pause[0] <= slot <= pause[1]:
-            continue  # paused then: not missed
-        slots.append(slot)
-        if len(slots) > MAX_RECORDED:
-            slots.pop(0)
-    return slots
+    said = describe("schedule", state.schedule_before)
+    return replaced(schedule, said, since, changed, min(changed, now), state.last_pause(now))
 
 
 def job_in_force(name: str, *, using: str) -> Job:

@@ -30,6 +30,7 @@ from ..lock.sql import holder_name
 from ..lock.validation import resolve_alias
 from ..logs import line
 from . import history, overrides, slot_locks
+from .catchup import Replaced
 from .child import ChildExit
 from .registry import Job
 from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
@@ -784,7 +785,7 @@ class Run:
         )
         self.slot, self.more_due = claim.slot, claim.more
         self.retry_at = claim.retry_at
-        self._say_missed(lock, claim.missed)
+        self._say_missed(lock, claim.missed, claim.replaced)
         self._say_skipped(claim.skipped)
         if claim.run is None:
             return self._skipped(claim.why, lock.holder, None)
@@ -854,14 +855,32 @@ class Run:
             time.sleep(early)
         return self.not_before
 
-    def _say_missed(self, lock: Lock, missed: list[dt.datetime]) -> None:
-        """One line for the slots this start found missed, and a signal for each."""
-        if not missed:
-            return
-        first, last = missed[0].isoformat(), missed[-1].isoformat()
-        span = first if len(missed) == 1 else f"{first} .. {last}"
-        said = f"missed {self.name}: {len(missed)} slot(s) no server ran, {span}; recorded"
-        self._say(line("missed", said, job_name=self.name, slots=missed), normal=False)
+    def _say_missed(
+        self, lock: Lock, missed: list[dt.datetime], replaced: Replaced | None = None
+    ) -> None:
+        """One line for the slots this start found missed (one more for those of a
+        schedule an operator replaced), and a signal for each slot recorded on its own
+        (not for those of a missed-range record)."""
+        old = replaced.slots if replaced is not None else []
+        new = missed[len(old) :]
+        if replaced is not None and replaced.total:
+            oldest = replaced.first or old[0]
+            first, last = oldest.isoformat(), old[-1].isoformat()
+            span = first if replaced.total == 1 else f"{first} .. {last}"
+            changed = replaced.changed.isoformat(timespec="seconds")
+            said = (
+                f"missed {self.name}: {replaced.how_many()} slot(s) of its replaced schedule "
+                f"({replaced.schedule}) no server ran, {span}, before its schedule changed at "
+                f"{changed}; recorded"
+            )
+            if replaced.earlier:
+                said += f" (the newest {len(old)} one by one, the others as one range)"
+            self._say(line("missed", said, job_name=self.name, slots=old), normal=False)
+        if new:
+            first, last = new[0].isoformat(), new[-1].isoformat()
+            span = first if len(new) == 1 else f"{first} .. {last}"
+            said = f"missed {self.name}: {len(new)} slot(s) no server ran, {span}; recorded"
+            self._say(line("missed", said, job_name=self.name, slots=new), normal=False)
         for slot in missed:
             # Robust: the rows are written; a receiver that raises must not undo the run.
             answers = signals.slot_missed.send_robust(
