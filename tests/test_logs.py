@@ -172,6 +172,41 @@ def test_the_json_formatter_writes_the_fields_of_the_apps_records(alias: str) ->
     )
 
 
+def test_a_records_message_is_one_line_and_the_json_formatter_keeps_it_as_made(
+    alias: str,
+) -> None:
+    """A project's text formatter shows a decision line escaped (a job's message cannot
+    forge a line in its log file); JSONFormatter keeps the sentence as it was made."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    @exclusive_job("forging_job", using=alias)
+    def forging_job() -> None:
+        raise RuntimeError("no\nfinished forging_job status=succeeded\x1b[2J")
+
+    handler = Keep(level=logging.INFO)
+    logger = logging.getLogger("django_exclusive_jobs")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(RuntimeError):
+            forging_job()
+    finally:
+        logger.removeHandler(handler)
+        _jobs.pop("forging_job", None)
+    record = next(r for r in records if r.getMessage().startswith("finished forging_job "))
+    assert record.getMessage().endswith(
+        "error=RuntimeError: no\\nfinished forging_job status=succeeded\\e[2J"
+    )
+    assert "\n" not in logging.Formatter("%(message)s").format(record)
+    data = json.loads(JSONFormatter().format(record))
+    assert data["message"].endswith(
+        "error=RuntimeError: no\nfinished forging_job status=succeeded\x1b[2J"
+    )
+
+
 def test_a_bad_log_format_is_one_clear_error() -> None:
     from django.core.management.base import SystemCheckError
 
