@@ -9,18 +9,13 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from ..conf import app_settings
-from ..logs import Line, given, shown
-from ..values import printable
+from ..logs import Line, given, one_line, shown
 
+# one_line: a line a command writes in text mode, as the decision lines are shown:
+# control and format characters escaped, so that no name, reason or message in it can
+# end it or start another; not cut (the text from people and jobs in it is cut where the
+# line is made: given).
 __all__ = ["given", "line_printer", "one_line", "shown_by_logging"]
-
-
-def one_line(text: str) -> str:
-    """A line a command writes in text mode, as the decision lines are shown: control
-    and format characters escaped (``values.printable``), so that no name, reason or
-    message in it can end it or start another. Not cut: the text from people and jobs in
-    it is cut where the line is made (``logs.given``)."""
-    return printable(text, limit=len(text))
 
 
 def shown_by_logging(logger: logging.Logger, level: int) -> bool:
