@@ -49,7 +49,8 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..lock.durations import DurationLike, parse_duration
+from .. import values
+from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
 from .schedules import Schedule
 
@@ -93,9 +94,7 @@ def make_catch_up(
         )
     window_delta = None
     if window is not None:
-        window_delta = parse_duration(window, what="catch_up_window")
-        if window_delta < dt.timedelta(0):
-            raise LockConfigurationError("catch_up_window must not be negative.")
+        window_delta = values.duration(window, what="catch_up_window")
     return CatchUp(policy, limit, window_delta)
 
 

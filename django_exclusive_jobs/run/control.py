@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from ..lock.clock import DatabaseNow
+from ..lock.clock import DatabaseNow, database_now
+from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 from . import audit
 from .registry import get_job
@@ -54,6 +55,8 @@ def pause(
     time: the pause then ends by itself, see ``models.pause_in_force``), saying why."""
     from ..models import JobChange, JobState
 
+    if until is not None:
+        _not_past(until, using)
     values = {
         "paused": True,
         "paused_at": DatabaseNow(),
@@ -70,6 +73,17 @@ def pause(
             audit.record(name, action, by=by, reason=reason, after=after, using=using)
 
     run_statement(using, write)
+
+
+def _not_past(until: dt.datetime, using: str) -> None:
+    """A pause's end must be to come (database time): one already past pauses nothing."""
+    now = run_statement(using, lambda: database_now(using))
+    if until <= now:
+        raise LockConfigurationError(
+            f"The pause's end {until.isoformat(timespec='seconds')} is past (database time "
+            f"{now.isoformat(timespec='seconds')}): give a later one, or none to pause until "
+            "resumed."
+        )
 
 
 def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
