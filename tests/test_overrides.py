@@ -61,7 +61,7 @@ def changes(alias: str, name: str) -> list[tuple[str, str]]:
     [
         ({"schedule": {"cron": "61 * * * *"}}, "not valid"),
         ({"schedule": {"cron": "0 * * *"}}, "5 fields"),
-        ({"schedule": {"every": "0s"}}, "at least 1 second"),
+        ({"schedule": {"every": "0s"}}, "at least 1s"),
         ({"schedule": {"cron": "0 * * * *", "timezone": "Mars/Olympus"}}, "Unknown time zone"),
         ({"kwargs": {"recipients": ["a"], "limt": 1}}, "unknown argument 'limt'"),
         ({"kwargs": {"recipients": ["a"]}}, "missing a required argument"),

@@ -297,7 +297,8 @@ def several_schedules(
         values.name(key, what="Schedule name")
         if SCHEDULE_SEPARATOR in key:
             raise LockConfigurationError(
-                f"Schedule name {key!r} must not hold {SCHEDULE_SEPARATOR!r}."
+                f"Schedule name {key!r} must be written without {SCHEDULE_SEPARATOR!r}: it "
+                "separates the job's name from the schedule's."
             )
         if not isinstance(entry, dict) or set(entry) - set(SCHEDULE_KEYS):
             unknown = sorted(set(entry) - set(SCHEDULE_KEYS)) if isinstance(entry, dict) else []

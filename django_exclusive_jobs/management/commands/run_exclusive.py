@@ -17,7 +17,7 @@ from django.db import connections
 
 from django_exclusive_jobs import values
 from django_exclusive_jobs.lock.errors import LockConfigurationError
-from django_exclusive_jobs.management.base import JobCommand
+from django_exclusive_jobs.management.base import JobCommand, duration_option
 from django_exclusive_jobs.management.output import line_printer
 from django_exclusive_jobs.run.arguments import describe as describe_arguments
 from django_exclusive_jobs.run.catchup import CANCEL_WAIT, OVERLAPS, make_overlap
@@ -53,9 +53,21 @@ class Command(JobCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="the job (and lock) name")
-        parser.add_argument("--ttl", help="lease length, e.g. 90, 90s, 15m, 1h")
-        parser.add_argument("--min-hold", help="keep the lock at least this long after start")
-        parser.add_argument("--wait", help="wait up to this long for the lock instead of skipping")
+        parser.add_argument(
+            "--ttl",
+            type=duration_option("ttl", positive=True),
+            help="lease length, e.g. 90, 90s, 15m, 1h",
+        )
+        parser.add_argument(
+            "--min-hold",
+            type=duration_option("min_hold"),
+            help="keep the lock at least this long after start",
+        )
+        parser.add_argument(
+            "--wait",
+            type=duration_option("wait"),
+            help="wait up to this long for the lock instead of skipping",
+        )
         parser.add_argument("--database", help="database alias for the lock table")
         parser.add_argument(
             "--keepalive",
@@ -72,26 +84,34 @@ class Command(JobCommand):
         )
         parser.add_argument(
             "--timeout",
+            type=duration_option("timeout", positive=True),
             help="stop the run if it lasts longer than this (default: the job's timeout=, "
             "else EXCLUSIVE_JOBS['TIMEOUT'], else no limit)",
         )
         parser.add_argument(
             "--grace",
+            type=duration_option("grace"),
             default="10s",
             help="how long a job stopped at its timeout, or a child program sent SIGTERM, "
             "may take to end before it is killed (default 10s)",
         )
-        parser.add_argument("--every", help="the job's schedule: run once per slot of this length")
+        parser.add_argument(
+            "--every",
+            type=duration_option("every", least=dt.timedelta(seconds=1)),
+            help="the job's schedule: run once per slot of this length",
+        )
         parser.add_argument(
             "--cron", help="the job's schedule as a cron expression, e.g. '0 * * * *'"
         )
         parser.add_argument("--timezone", help="time zone of --cron (default: TIME_ZONE)")
         parser.add_argument(
             "--slot-tolerance",
+            type=duration_option("slot tolerance"),
             help="how early a start may be and still serve the coming slot (default 30s)",
         )
         parser.add_argument(
             "--jitter",
+            type=duration_option("jitter"),
             help="start each slot up to this long after it, the same on every server "
             "(default: the job's jitter=; 0 starts at once)",
         )
@@ -103,6 +123,7 @@ class Command(JobCommand):
         )
         parser.add_argument(
             "--retry-backoff",
+            type=duration_option("retry_backoff"),
             help="wait before a retry, doubled for each next one (default: the job's, else 30s)",
         )
         parser.add_argument(
@@ -183,7 +204,7 @@ class Command(JobCommand):
         """Refuse bad options before anything runs; the grace in seconds."""
         if not 0 <= options["skipped_exit_code"] <= 255:
             raise CommandError("--skipped-exit-code must be between 0 and 255.", returncode=2)
-        return values.duration(options["grace"], what="--grace").total_seconds()
+        return values.duration(options["grace"], what="grace").total_seconds()
 
     def _overrides(self, job: Job, options: dict[str, Any]) -> dict[str, Any]:
         """What the command line changes about the job's declared settings."""
@@ -233,7 +254,9 @@ class Command(JobCommand):
                 returncode=EXIT_USAGE,
             )
         retries = job.retries if options["retries"] is None else options["retries"]
-        backoff = options["retry_backoff"] or (job.retry_backoff if retries else None)
+        backoff = options["retry_backoff"]
+        if backoff is None:
+            backoff = job.retry_backoff if retries else None
         try:
             retries, delta = make_retries(retries, backoff)
         except LockConfigurationError as exc:
