@@ -10,8 +10,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
+from . import values
 from .conf import DEFAULTS, GONE
-from .lock.durations import parse_duration
 from .lock.validation import MAX_TTL, MIN_TTL
 from .logs import FORMATS as LOG_FORMATS
 
@@ -101,9 +101,13 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     """Each setting's own range (a value that is not a duration is E003 wherever it is)."""
     messages: list[CheckMessage] = []
 
-    def duration(key: str) -> dt.timedelta | None:
+    def duration(key: str, most: dt.timedelta = values.LONGEST) -> dt.timedelta | None:
+        # values.duration: its parser and its longest; the lower bounds are each
+        # setting's own check below.
         try:
-            return parse_duration(merged[key], what=f"{SETTING}[{key!r}]")
+            return values.duration(
+                merged[key], what=f"{SETTING}[{key!r}]", least=dt.timedelta.min, most=most
+            )
         except ValueError as exc:
             messages.append(
                 Error(
@@ -117,7 +121,7 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     def error(id: str, key: str, problem: str, hint: str | None = None) -> None:
         messages.append(Error(f"{SETTING}[{key!r}] {problem}", hint=hint, id=PREFIX + id))
 
-    ttl, hold = duration("TTL"), duration("MIN_HOLD")
+    ttl, hold = duration("TTL", dt.timedelta.max), duration("MIN_HOLD", dt.timedelta.max)
     if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
         error(
             "E004",

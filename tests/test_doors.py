@@ -206,7 +206,7 @@ def override_form(every: str, **more: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")
 @pytest.mark.parametrize("every", EVERY_TOO_LONG)
 def test_an_override_every_too_long_is_a_form_error(
     alias: str, operator: Client, every: str
@@ -216,7 +216,7 @@ def test_an_override_every_too_long_is_a_form_error(
     nothing_written(alias)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")
 @pytest.mark.parametrize(
     ("job", "until", "says"),
     [
@@ -234,7 +234,7 @@ def test_a_pause_end_out_of_bounds_or_past_is_a_form_error(
     nothing_written(alias)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")
 @pytest.mark.parametrize(
     "reason",
     ["ok\nfinished X status=succeeded", "\x1b[2J", "evil\u202etxt", "x" * 501],
@@ -250,7 +250,7 @@ def test_a_reason_that_could_forge_a_line_is_a_form_error(
     nothing_written(alias)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")
 def test_run_now_and_backfill_out_of_bounds_are_form_errors(alias: str, operator: Client) -> None:
     deep = '{"recipients": ' + "[" * 30 + "]" * 30 + ', "limit": 1}'
     run = {"job": "digest", "arguments": deep, "confirm": "yes"}
@@ -267,7 +267,7 @@ def version_in(page: str) -> str:
     return found.group(1)
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")
 def test_a_stale_override_form_is_refused_naming_who_changed_what_when(
     alias: str, operator: Client
 ) -> None:
@@ -305,7 +305,7 @@ def test_a_stale_override_form_is_refused_naming_who_changed_what_when(
         User.objects.filter(username="door_other").delete()
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")
 def test_a_stale_back_to_the_code_is_refused(alias: str, operator: Client) -> None:
     url = reverse(ACT, args=["override"])
     version = version_in(operator.get(url, {"job": "digest"}).content.decode())
