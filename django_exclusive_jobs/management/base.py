@@ -92,11 +92,16 @@ class OneLineErrors(CommandParser):
 
 
 def moment_option(option: str) -> Callable[[str], str]:
-    """argparse ``type=`` of ``option``: an ISO 8601 date or time, with or without a zone.
-    Kept as typed: it is checked by ``values.moment`` once the zone a time without one
-    is in is known (the job's), so that its bounds are those of the moment it means."""
+    """argparse ``type=`` of ``option``: an ISO 8601 date or time, with or without a zone,
+    that ``values.moment`` takes (a time without a zone read as UTC here). Returned as
+    typed: the command reads it again with ``values.moment`` in the job's zone, once the
+    job is known, so that its bounds are those of the moment it means."""
 
     def parse(value: str) -> str:
+        try:
+            values.moment(value, what=option)
+        except LockConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
         return value.strip()
 
     return parse
