@@ -323,6 +323,25 @@ def test_a_stale_back_to_the_code_is_refused(alias: str, operator: Client) -> No
     assert not JobChange.objects.using(alias).filter(action="back_to_code").exists()
 
 
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_a_stale_pause_form_is_refused_naming_who_paused(alias: str, operator: Client) -> None:
+    url = reverse(ACT, args=["pause"])
+    first = version_in(operator.get(url, {"job": "digest"}).content.decode())
+    second = version_in(operator.get(url, {"job": "digest"}).content.decode())
+    pause = {"job": "digest", "until": "", "confirm": "yes"}
+    done = operator.post(url, {**pause, "reason": "vendor down", "version": first})
+    assert done.status_code == 302
+    before = JobState.objects.using(alias).get(name="digest")
+    answer = operator.post(url, {**pause, "reason": "disk full", "version": second})
+    refused_form(
+        answer, "Not saved: since this form was opened, door_operator (admin) paused it at "
+    )
+    assert "UTC: vendor down" in answer.content.decode()
+    after = JobState.objects.using(alias).get(name="digest")
+    assert (after.pause_reason, after.paused_at) == ("vendor down", before.paused_at)
+    assert JobChange.objects.using(alias).filter(action="pause").count() == 1
+
+
 # --- settings -----------------------------------------------------------------------------
 
 

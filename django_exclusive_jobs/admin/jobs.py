@@ -219,7 +219,11 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if action in ("run", "pause"):  # from the job in force (an operator's override)
             in_force = overrides.job_in_force(name, using=self._using())
             # Run now: its arguments, checked before anything is asked for.
-            form = RunNowForm(in_force, posted) if action == "run" else PauseForm(in_force, posted)
+            if action == "run":
+                form = RunNowForm(in_force, posted)
+            else:  # over the pause state it was opened on
+                version = control.pause_version_of(name, using=self._using())
+                form = PauseForm(in_force, posted, version=version)
         elif action == "back":  # over the override it was opened on
             form = ReasonForm(posted, version=overrides.version_of(name, using=self._using()))
         elif action == "resume":
@@ -310,7 +314,8 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         reason = given.get("reason", "")
         if action == "pause":
             until = given.get("until")
-            control.pause(name, by=who, using=using, reason=reason, until=until)
+            expected = given.get("version") or None
+            control.pause(name, by=who, using=using, reason=reason, until=until, expected=expected)
             ends = f" until {until.isoformat()}" if until else ""
             self._log(request, name, f"Paused {name}{ends}: {reason}")
             messages.success(request, _("Paused %(name)s.") % {"name": name})

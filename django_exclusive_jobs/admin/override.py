@@ -69,9 +69,14 @@ class PauseForm(WhyForm):
         ),
     )
 
-    def __init__(self, job: Job, *args: Any, **kwargs: Any) -> None:
+    # The pause state it was opened on (``control.pause_version``): a save over another
+    # is refused, with who paused or resumed the job, when.
+    version = forms.CharField(label="", required=False, widget=forms.HiddenInput)
+
+    def __init__(self, job: Job, *args: Any, version: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.job = job
+        self.fields["version"].initial = version
 
     def clean_until(self) -> dt.datetime | None:
         text = self.cleaned_data["until"].strip()
