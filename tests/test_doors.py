@@ -358,8 +358,7 @@ def test_a_short_health_token_draws_a_warning(token: object, warned: bool) -> No
         assert "HEALTH_TOKEN" in found[0].msg
 
 
-def test_the_deadline_of_a_pause_is_a_moment_of_the_bounds() -> None:
-    """The bounds the reference states are those the code keeps."""
+def test_the_reference_states_the_bounds_the_code_keeps() -> None:
     from django_exclusive_jobs import values
 
     reference = (Path(__file__).parent.parent / "docs" / "reference" / "commands.md").read_text()
