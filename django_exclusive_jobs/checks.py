@@ -10,14 +10,16 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
+from . import values
 from .conf import DEFAULTS, GONE
-from .lock.durations import parse_duration
 from .lock.validation import MAX_TTL, MIN_TTL
 from .logs import FORMATS as LOG_FORMATS
 
 SETTING = "EXCLUSIVE_JOBS"
 PREFIX = "django_exclusive_jobs."
 SQLITE_RETURNING = (3, 35, 0)
+# A HEALTH_TOKEN shorter than this draws W006: it can be guessed.
+HEALTH_TOKEN_LENGTH = 16
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -99,9 +101,13 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     """Each setting's own range (a value that is not a duration is E003 wherever it is)."""
     messages: list[CheckMessage] = []
 
-    def duration(key: str) -> dt.timedelta | None:
+    def duration(key: str, most: dt.timedelta = values.LONGEST) -> dt.timedelta | None:
+        # values.duration: its parser and its longest; the lower bounds are each
+        # setting's own check below.
         try:
-            return parse_duration(merged[key], what=f"{SETTING}[{key!r}]")
+            return values.duration(
+                merged[key], what=f"{SETTING}[{key!r}]", least=dt.timedelta.min, most=most
+            )
         except ValueError as exc:
             messages.append(
                 Error(
@@ -115,7 +121,7 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     def error(id: str, key: str, problem: str, hint: str | None = None) -> None:
         messages.append(Error(f"{SETTING}[{key!r}] {problem}", hint=hint, id=PREFIX + id))
 
-    ttl, hold = duration("TTL"), duration("MIN_HOLD")
+    ttl, hold = duration("TTL", dt.timedelta.max), duration("MIN_HOLD", dt.timedelta.max)
     if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
         error(
             "E004",
@@ -150,9 +156,26 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     busy = duration("BUSY_TIMEOUT")
     if busy is not None and busy < dt.timedelta(0):
         error("E011", "BUSY_TIMEOUT", "must not be negative.")
+    token = merged["HEALTH_TOKEN"]
+    if token is not None and (not isinstance(token, str) or len(token) < HEALTH_TOKEN_LENGTH):
+        messages.append(
+            Warning(
+                f"{SETTING}['HEALTH_TOKEN'] is {_token_said(token)}: a short token can be "
+                "guessed, and it opens the health and metrics views.",
+                hint=f"Use a random string of at least {HEALTH_TOKEN_LENGTH} characters, "
+                "e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
+                id=PREFIX + "W006",
+            )
+        )
     if merged["LOG_FORMAT"] not in LOG_FORMATS:
         error("E016", "LOG_FORMAT", f"must be 'text' or 'json', not {merged['LOG_FORMAT']!r}.")
     return messages
+
+
+def _token_said(token: object) -> str:
+    if not isinstance(token, str):
+        return f"a {type(token).__name__}, not a string"
+    return f"{len(token)} character(s) long"
 
 
 def _check_databases(alias: str | None) -> list[CheckMessage]:

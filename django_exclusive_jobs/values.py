@@ -72,7 +72,7 @@ def name(value: object, *, what: str = "Job name") -> str:
         )
     if any(_refused(char) for char in value):
         raise LockConfigurationError(
-            f"{what} {_shown(value)} contains a control or format character."
+            f"{what} {_shown(value)} contains a control character or a format character."
         )
     if value != value.strip():
         raise LockConfigurationError(
@@ -81,9 +81,11 @@ def name(value: object, *, what: str = "Job name") -> str:
     return value
 
 
-def reason(value: object, *, what: str = "The reason", required: bool = False) -> str:
-    """What a person writes (a reason, ``--by``): at most 500 characters on one line, no
-    control or format character."""
+def reason(
+    value: object, *, what: str = "The reason", required: bool = False, limit: int = REASON_LENGTH
+) -> str:
+    """What a person writes (a reason, ``--by``): at most 500 characters (``limit``) on
+    one line, no control or format character."""
     if value is None:
         value = ""
     if not isinstance(value, str):
@@ -91,9 +93,9 @@ def reason(value: object, *, what: str = "The reason", required: bool = False) -
     value = value.strip()
     if required and not value:
         raise LockConfigurationError(f"{what} must not be empty.")
-    if len(value) > REASON_LENGTH:
+    if len(value) > limit:
         raise LockConfigurationError(
-            f"{what} is {len(value)} characters long; the limit is {REASON_LENGTH}."
+            f"{what} is {len(value)} characters long; the limit is {limit}."
         )
     if any(_refused(char) for char in value):
         raise LockConfigurationError(
@@ -219,8 +221,7 @@ def json_arguments(value: object, *, what: str = "The arguments") -> dict[str, A
             ) from None
     if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
         raise LockConfigurationError(
-            f"{what} must be a JSON object of argument names to values, not "
-            f"{_shown(type(value).__name__ if not isinstance(value, dict) else value)}."
+            f"{what} must be a dict of argument names to values, not {_shown(value)}."
         )
     if _depth(value) > JSON_DEPTH:
         raise LockConfigurationError(f"{what} are nested more than {JSON_DEPTH} levels deep.")
@@ -228,8 +229,8 @@ def json_arguments(value: object, *, what: str = "The arguments") -> dict[str, A
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         raise LockConfigurationError(
-            f"{what} are not JSON: the run history stores them, so use only str, int, "
-            "float, bool, None, lists and dicts with str keys."
+            f"{what} {_shown(value)} are not JSON: the run history stores them, so use only "
+            "str, int, float, bool, None, lists and dicts with str keys."
         ) from None
     if len(text) > JSON_SIZE:
         raise LockConfigurationError(
@@ -241,8 +242,8 @@ def json_arguments(value: object, *, what: str = "The arguments") -> dict[str, A
         )
     if json.loads(text) != value:  # a tuple comes back a list
         raise LockConfigurationError(
-            f"{what} are not JSON: the run history stores them, so use only str, int, "
-            "float, bool, None, lists and dicts with str keys."
+            f"{what} {_shown(value)} are not JSON: the run history stores them, so use only "
+            "str, int, float, bool, None, lists and dicts with str keys."
         )
     return value
 

@@ -518,7 +518,7 @@ def test_a_bad_range_is_shown_on_the_page_and_asks_for_nothing(admin_db: str) ->
     assert page.status_code == 200
     assert "has more than 1000 slots of" in page.content.decode()
     nonsense = client.get(ACT, {"job": NAME, "start": "last night"}).content.decode()
-    assert "is not an ISO 8601 time" in nonsense
+    assert "From must be an ISO 8601 time such as" in nonsense
     assert not RunRequest.objects.using(admin_db).exists()
 
 

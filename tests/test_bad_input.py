@@ -118,8 +118,8 @@ CASES = [
         Case(("backup", "--grace=-1"), "grace", child=True),
         id="grace-negative",
     ),
-    pytest.param(Case(("quick", "--every", "0"), "at least 1 second"), id="every-zero"),
-    pytest.param(Case(("quick", "--every", "0.5"), "at least 1 second"), id="every-subsecond"),
+    pytest.param(Case(("quick", "--every", "0"), "at least 1s"), id="every-zero"),
+    pytest.param(Case(("quick", "--every", "0.5"), "at least 1s"), id="every-subsecond"),
     pytest.param(Case(("quick", "--every=-1h"), "is not a duration"), id="every-negative"),
     pytest.param(Case(("quick", "--every", "hourly"), "is not a duration"), id="every-word"),
     pytest.param(

@@ -112,7 +112,7 @@ def test_cron_schedules_missed_slots_across_a_dst_change() -> None:
         ({"policy": "some"}, "catch_up must be one of 'latest', 'skip', 'all', not 'some'."),
         ({"limit": 0}, "catch_up_limit must be a whole number from 1 to 1000, got 0."),
         ({"limit": True}, "catch_up_limit must be a whole number from 1 to 1000, got True."),
-        ({"window": -60}, "catch_up_window must not be negative."),
+        ({"window": -60}, "catch_up_window must not be negative, got -60s."),
     ],
 )
 def test_bad_catch_up_arguments_are_one_clear_error(kwargs: dict[str, Any], message: str) -> None:

@@ -455,7 +455,7 @@ def test_every_option_runs_a_slot_once_across_separate_starts(alias: str, marker
         (("quick", "--cron", "61 * * * *"), "is not valid"),
         (("quick", "--cron", "0 * * * *", "--every", "1h"), "not both"),
         (("quick", "--cron", "0 * * * *", "--timezone", "Nowhere/Land"), "Unknown time zone"),
-        (("quick", "--every", "0.5"), "at least 1 second"),
+        (("quick", "--every", "0.5"), "at least 1s"),
     ],
 )
 def test_bad_schedule_options_exit_2(

@@ -82,7 +82,7 @@ def test_every_process_computes_the_same_offsets() -> None:
     ("jitter", "schedule", "says"),
     [
         ("5m", None, "jitter only applies with every= or cron="),
-        (-1, {"every": "1h"}, "jitter must not be negative."),
+        (-1, {"every": "1h"}, "jitter must not be negative, got -1s."),
         ("31m", {"every": "1h"}, "is more than half the smallest gap between the slots"),
         ("soon", {"every": "1h"}, "jitter 'soon' is not a duration"),
         # a cron's smallest gap: 15 minutes between 6:45 and 7:00

@@ -61,7 +61,7 @@ def changes(alias: str, name: str) -> list[tuple[str, str]]:
     [
         ({"schedule": {"cron": "61 * * * *"}}, "not valid"),
         ({"schedule": {"cron": "0 * * *"}}, "5 fields"),
-        ({"schedule": {"every": "0s"}}, "at least 1 second"),
+        ({"schedule": {"every": "0s"}}, "at least 1s"),
         ({"schedule": {"cron": "0 * * * *", "timezone": "Mars/Olympus"}}, "Unknown time zone"),
         ({"kwargs": {"recipients": ["a"], "limt": 1}}, "unknown argument 'limt'"),
         ({"kwargs": {"recipients": ["a"]}}, "missing a required argument"),
@@ -236,12 +236,20 @@ def test_a_paused_slot_is_recorded_paused_and_a_pause_with_an_end_ends_by_itself
         assert row.status == RunStatus.PAUSED and "disk full" in row.error
         seen = next(job for job in overview(alias).jobs if job.name == "paused_hourly")
         assert seen.paused and seen.pause_reason == "disk full" and not seen.problems
-        # A pause whose end has passed is over, with no write: its next slot runs.
+        # A pause whose end has passed already is refused: it would pause nothing.
         JobRun.objects.using(alias).filter(name="paused_hourly").delete()
         ended = database_now(alias) - dt.timedelta(seconds=1)
-        control.pause("paused_hourly", by="ops", using=alias, reason="short", until=ended)
-        seen = next(job for job in overview(alias).jobs if job.name == "paused_hourly")
-        assert not seen.paused
+        with pytest.raises(LockConfigurationError, match="is past"):
+            control.pause("paused_hourly", by="ops", using=alias, reason="short", until=ended)
+        # A pause whose end passes is over, with no write: its next slot runs.
+        soon = database_now(alias) + dt.timedelta(seconds=1)
+        control.pause("paused_hourly", by="ops", using=alias, reason="short", until=soon)
+
+        def over() -> bool:
+            seen = next(job for job in overview(alias).jobs if job.name == "paused_hourly")
+            return not seen.paused
+
+        wait_for(over)
         assert not control.resume("paused_hourly", by="ops", using=alias)  # over: no write
         paused_hourly()
         assert ran == ["ran"]

@@ -85,7 +85,7 @@ def test_cron_hourly_through_fall_back_has_distinct_slots() -> None:
     ("kwargs", "message"),
     [
         ({"every": "1h", "cron": "0 * * * *"}, "not both"),
-        ({"every": "0"}, "at least 1 second"),
+        ({"every": "0"}, "at least 1s"),
         ({"every": "soon"}, "not a duration"),
         ({"cron": "61 * * * *"}, "not valid"),
         ({"cron": "* * *"}, "5 fields"),

@@ -96,7 +96,7 @@ def test_backoff_doubles_per_attempt_up_to_an_hour_and_never_reaches_the_next_sl
     [
         ({"retries": -1}, "retries must be from 0 to 100, got -1."),
         ({"retries": True}, "retries must be a whole number, got True."),
-        ({"retries": 1, "retry_backoff": -5}, "retry_backoff must not be negative."),
+        ({"retries": 1, "retry_backoff": -5}, "retry_backoff must not be negative, got -5s."),
         ({"retry_backoff": "1m"}, "retry_backoff only applies with retries=N (N >= 1)."),
         ({"retries": 1, "every": None}, "retries only applies with every= or cron=."),
         ({"retry_failed": True}, "retry_failed= was replaced by retries=N"),

@@ -9,7 +9,6 @@ oldest first (``run/backfill.py``); the schedulers serve them like "run now".
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from django import forms
@@ -44,26 +43,16 @@ class BackfillForm(forms.Form):
             said = _("A time without a zone is in %(zone)s, the job's time zone.")
             self.fields[name].help_text += " " + said % {"zone": zone}
 
-    def clean_start(self) -> dt.datetime:
-        return _moment(self.cleaned_data["start"])
-
-    def clean_end(self) -> dt.datetime | None:
-        value = self.cleaned_data["end"]
-        return _moment(value) if value.strip() else None
-
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if "start" in data and "end" in data:
+            # Each moment passes values.moment there, in the job's zone.
+            names = (str(_("From")), str(_("To")))
+            end = data["end"].strip() or None
             try:
-                self.plan = backfill.plan(self.job, data["start"], data["end"], using=self.using)
+                self.plan = backfill.plan(
+                    self.job, data["start"], end, using=self.using, names=names
+                )
             except LockConfigurationError as exc:
                 raise ValidationError(str(exc)) from None
         return data
-
-
-def _moment(value: str) -> dt.datetime:
-    try:
-        return dt.datetime.fromisoformat(value.strip())
-    except ValueError:
-        said = _("%(value)r is not an ISO 8601 time such as 2026-11-24T02:00.")
-        raise ValidationError(said % {"value": value}) from None

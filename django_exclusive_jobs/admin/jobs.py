@@ -26,6 +26,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from ..health import Health, overview
 from ..lock.clock import database_now
+from ..lock.errors import LockConfigurationError
 from ..lock.validation import resolve_alias
 from ..models import (
     JobRun,
@@ -218,14 +219,26 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if action in ("run", "pause"):  # from the job in force (an operator's override)
             in_force = overrides.job_in_force(name, using=self._using())
             # Run now: its arguments, checked before anything is asked for.
-            form = RunNowForm(in_force, posted) if action == "run" else PauseForm(in_force, posted)
-        elif action in ("resume", "back"):
+            if action == "run":
+                form = RunNowForm(in_force, posted)
+            else:  # over the pause state it was opened on
+                version = control.pause_version_of(name, using=self._using())
+                form = PauseForm(in_force, posted, version=version)
+        elif action == "back":  # over the override it was opened on
+            form = ReasonForm(posted, version=overrides.version_of(name, using=self._using()))
+        elif action == "resume":
             form = ReasonForm(posted)
         confirmed = request.method == "POST" and data.get("confirm") == "yes"
         if confirmed and (form is None or form.is_valid()):
             given = form.cleaned_data if form is not None else {}
-            self._do(request, action, name, waiting, given)
-            return self._back()
+            try:
+                self._do(request, action, name, waiting, given)
+            except LockConfigurationError as exc:  # a pause's end now past, a stale form
+                if form is None:
+                    raise
+                form.add_error(None, str(exc))
+            else:
+                return self._back()
         title = _("%(action)s %(name)s?") % {"action": ACTIONS[action], "name": name}
         context = {
             **self._action_context(request, action, name, title, form, waiting),
@@ -301,7 +314,8 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         reason = given.get("reason", "")
         if action == "pause":
             until = given.get("until")
-            control.pause(name, by=who, using=using, reason=reason, until=until)
+            expected = given.get("version") or None
+            control.pause(name, by=who, using=using, reason=reason, until=until, expected=expected)
             ends = f" until {until.isoformat()}" if until else ""
             self._log(request, name, f"Paused {name}{ends}: {reason}")
             messages.success(request, _("Paused %(name)s.") % {"name": name})
@@ -312,7 +326,8 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         elif action == "back":
             job = get_job(name)
             assert job is not None
-            if overrides.back_to_code(job, by=who, using=using, reason=reason):
+            expected = given.get("version") or None
+            if overrides.back_to_code(job, by=who, using=using, reason=reason, expected=expected):
                 self._log(request, name, f"Back to the code: {name}")
                 messages.success(request, _("%(name)s runs as its code says.") % {"name": name})
             else:
@@ -352,14 +367,24 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         assert job is not None
         using = self._using()
         in_force = overrides.job_in_force(name, using=using)
-        form = OverrideForm(job, in_force, data if request.method == "POST" else None)
+        version = overrides.version_of(name, using=using)
+        posted = data if request.method == "POST" else None
+        form = OverrideForm(job, in_force, posted, version=version)
         preview: list[Any] = []
         if form.is_valid():
             proposed = overrides.apply(job, form.changes)
             if request.method == "POST" and data.get("confirm") == "yes":
                 who = f"{request.user.get_username()} (admin)"
                 reason = form.cleaned_data["reason"]
-                after = overrides.override(job, form.changes, reason=reason, by=who, using=using)
+                # Only over the state the form was opened on (its version, if it has one).
+                expected = form.cleaned_data.get("version") or None
+                try:
+                    after = overrides.override(
+                        job, form.changes, reason=reason, by=who, using=using, expected=expected
+                    )
+                except LockConfigurationError as exc:
+                    form.add_error(None, str(exc))
+                    return self._override_page(request, name, form, job, [])
                 said = overrides.describe_all(after)
                 self._log(request, name, f"Overrode {name}: {said or 'as the code'}: {reason}")
                 messages.success(
@@ -372,6 +397,11 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             if proposed.schedule is not None:
                 now = database_now(using)
                 preview = upcoming(proposed, now, NEXT_SLOTS)
+        return self._override_page(request, name, form, job, preview)
+
+    def _override_page(
+        self, request: HttpRequest, name: str, form: OverrideForm, job: Any, preview: list[Any]
+    ) -> HttpResponse:
         title = _("Override %(name)s") % {"name": name}
         context = {
             **self._action_context(request, "override", name, title, form),

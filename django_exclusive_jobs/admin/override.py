@@ -15,8 +15,10 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from .. import values
 from ..lock.errors import LockConfigurationError
 from ..run import overrides
 from ..run.arguments import parse_kwargs
@@ -25,25 +27,39 @@ from ..run.registry import Job
 
 REASON = forms.CharField(
     label=gettext_lazy("Why"),
-    max_length=500,
-    widget=forms.TextInput(attrs={"size": 60}),
+    widget=forms.TextInput(attrs={"size": 60, "maxlength": values.REASON_LENGTH}),
     help_text=gettext_lazy("Recorded in the job's audit, with your name."),
 )
 
 
-class ReasonForm(forms.Form):
-    """Resume, back to the code: only why (optional)."""
+class WhyForm(forms.Form):
+    """A form that asks why: the reason passes ``values.reason`` (one line, at most 500
+    characters, no control or format character)."""
 
-    reason = forms.CharField(
-        label=gettext_lazy("Why"), max_length=500, required=False, widget=REASON.widget
-    )
+    def clean_reason(self) -> str:
+        try:
+            return values.reason(self.cleaned_data.get("reason", ""))
+        except LockConfigurationError as exc:
+            raise ValidationError(str(exc)) from None
 
 
-class PauseForm(forms.Form):
+class ReasonForm(WhyForm):
+    """Resume, back to the code: only why (optional); back to the code also carries the
+    version of the override it was opened on (``overrides.version``)."""
+
+    reason = forms.CharField(label=gettext_lazy("Why"), required=False, widget=REASON.widget)
+    version = forms.CharField(label="", required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, version: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["version"].initial = version
+
+
+class PauseForm(WhyForm):
     """A pause: why, and optionally when it ends by itself (on the job's clock)."""
 
     reason = REASON
-    until = forms.DateTimeField(
+    until = forms.CharField(
         label=gettext_lazy("Until"),
         required=False,
         widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
@@ -53,19 +69,27 @@ class PauseForm(forms.Form):
         ),
     )
 
-    def __init__(self, job: Job, *args: Any, **kwargs: Any) -> None:
+    # The pause state it was opened on (``control.pause_version``): a save over another
+    # is refused, with who paused or resumed the job, when.
+    version = forms.CharField(label="", required=False, widget=forms.HiddenInput)
+
+    def __init__(self, job: Job, *args: Any, version: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.job = job
+        self.fields["version"].initial = version
 
     def clean_until(self) -> dt.datetime | None:
-        until: dt.datetime | None = self.cleaned_data["until"]
-        if until is None:
+        text = self.cleaned_data["until"].strip()
+        if not text:
             return None
         # Typed on the job's clock: the admin's active zone would be the browser user's.
-        return until.replace(tzinfo=None).replace(tzinfo=self.job.zone)
+        try:
+            return values.moment(text, what=str(_("Until")), zone=self.job.zone)
+        except LockConfigurationError as exc:
+            raise ValidationError(str(exc)) from None
 
 
-class OverrideForm(forms.Form):
+class OverrideForm(WhyForm):
     """The settings in force, editable; what differs from the code is overridden."""
 
     cron = forms.CharField(
@@ -103,10 +127,16 @@ class OverrideForm(forms.Form):
         help_text=gettext_lazy("What a slot that comes while a run goes on does."),
     )
     reason = REASON
+    # The state the form was opened on (``overrides.version``): a save over another is
+    # refused (overrides.Stale), with who changed what, when.
+    version = forms.CharField(label="", required=False, widget=forms.HiddenInput)
 
-    def __init__(self, job: Job, in_force: Job, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, job: Job, in_force: Job, *args: Any, version: str = "", **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.job = job
+        self.fields["version"].initial = version
         now = overrides.code_of(in_force)
         schedule = now["schedule"] or {}
         self.fields["cron"].initial = schedule.get("cron", "")

@@ -3,37 +3,28 @@
 from __future__ import annotations
 
 import datetime as dt
-import unicodedata
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, router
 
+from .. import values
 from ..conf import app_settings
-from .durations import DurationLike, parse_duration
+from .durations import DurationLike
 from .errors import LockConfigurationError, LockDatabaseError
 from .retry import one_line
 
-MAX_NAME_LENGTH = 255
+MAX_NAME_LENGTH = 255  # values.NAME_LENGTH
 MIN_TTL = dt.timedelta(milliseconds=100)
 # A lease past the year 9999 is NULL on SQLite and MySQL, which reads as "free".
 MAX_TTL = dt.timedelta(days=366)
 
 
 def validate_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise LockConfigurationError(f"Lock name must be a string, not {type(name).__name__}.")
-    if not name:
-        raise LockConfigurationError("Lock name must not be empty.")
-    if len(name) > MAX_NAME_LENGTH:
-        raise LockConfigurationError(
-            f"Lock name is {len(name)} characters long; the limit is {MAX_NAME_LENGTH}."
-        )
-    if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
-        raise LockConfigurationError(f"Lock name {name!r} contains a control character.")
-    if name != name.strip():
-        raise LockConfigurationError(f"Lock name {name!r} must not start or end with white space.")
-    return name
+    """A lock's name: :func:`values.name` says what it may be."""
+    from .. import values
+
+    return values.name(name, what="Lock name")
 
 
 def validate_timing(
@@ -47,9 +38,8 @@ def validate_timing(
     if ttl is None and not use_settings:
         ttl_delta = dt.timedelta.max
     else:
-        ttl_delta = parse_duration(app_settings.TTL if ttl is None else ttl, what="ttl")
-    if ttl_delta <= dt.timedelta(0):
-        raise LockConfigurationError(f"ttl must be positive, got {ttl_delta.total_seconds():g}s.")
+        given = app_settings.TTL if ttl is None else ttl
+        ttl_delta = values.duration(given, what="ttl", positive=True, most=dt.timedelta.max)
     if MAX_TTL < ttl_delta < dt.timedelta.max:  # max: no ttl given, checked at run time
         raise LockConfigurationError(
             f"ttl must be at most {MAX_TTL.days} days, got {ttl_delta}: keep-alive renews "
@@ -62,11 +52,8 @@ def validate_timing(
         )
     if min_hold is None and not use_settings:
         return ttl_delta, dt.timedelta(0)
-    hold = parse_duration(app_settings.MIN_HOLD if min_hold is None else min_hold, what="min_hold")
-    if hold < dt.timedelta(0):
-        raise LockConfigurationError(
-            f"min_hold must not be negative, got {hold.total_seconds():g}s."
-        )
+    given_hold = app_settings.MIN_HOLD if min_hold is None else min_hold
+    hold = values.duration(given_hold, what="min_hold", most=dt.timedelta.max)
     if hold > ttl_delta:
         raise LockConfigurationError(
             f"min_hold ({hold.total_seconds():g}s) must not be longer than ttl "
@@ -79,19 +66,11 @@ def validate_timeout(timeout: DurationLike | None) -> dt.timedelta | None:
     """A run's time limit: a positive duration, or None for none."""
     if timeout is None:
         return None
-    limit = parse_duration(timeout, what="timeout")
-    if limit <= dt.timedelta(0):
-        raise LockConfigurationError(
-            f"timeout must be positive, got {limit.total_seconds():g}s (leave it out for no limit)."
-        )
-    return limit
+    return values.duration(timeout, what="timeout", positive=True)
 
 
 def validate_wait(wait: DurationLike | None) -> float:
-    seconds = 0.0 if wait is None else parse_duration(wait, what="wait").total_seconds()
-    if seconds < 0:
-        raise LockConfigurationError(f"wait must not be negative, got {seconds:g}s.")
-    return seconds
+    return 0.0 if wait is None else values.duration(wait, what="wait").total_seconds()
 
 
 def resolve_alias(using: str | None) -> str:

@@ -24,8 +24,8 @@ from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from .. import values
 from ..checks import configuration_error
-from ..lock.durations import parse_duration
 from ..lock.errors import LockConfigurationError, LockDatabaseError
 from ..run.arguments import parse_kwargs
 from ..run.runner import EXIT_DATABASE, EXIT_USAGE
@@ -91,25 +91,25 @@ class OneLineErrors(CommandParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def moment_option(option: str) -> Callable[[str], dt.datetime]:
-    """argparse ``type=`` of ``option``: an ISO 8601 date or time, with or without a zone
-    (the caller says which zone a time without one is in)."""
+def moment_option(option: str) -> Callable[[str], str]:
+    """argparse ``type=`` of ``option``: an ISO 8601 date or time, with or without a zone,
+    that ``values.moment`` takes (a time without a zone read as UTC here). Returned as
+    typed: the command reads it again with ``values.moment`` in the job's zone, once the
+    job is known, so that its bounds are those of the moment it means."""
 
-    def parse(value: str) -> dt.datetime:
+    def parse(value: str) -> str:
         try:
-            return dt.datetime.fromisoformat(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{option} must be an ISO 8601 time such as 2026-11-24T02:00 or "
-                f"2026-11-24T02:00+01:00, got {value!r}."
-            ) from None
+            values.moment(value, what=option)
+        except LockConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value.strip()
 
     return parse
 
 
 def kwargs_option(option: str) -> Callable[[str], object]:
-    """argparse ``type=`` of ``option``: a JSON object of a run's arguments (what they
-    must be is checked against the job, once it is known)."""
+    """argparse ``type=`` of ``option``: a JSON object of a run's arguments, checked by
+    ``values.json_arguments`` (what they must be for the job is checked once it is known)."""
 
     def parse(value: str) -> object:
         try:
@@ -120,17 +120,28 @@ def kwargs_option(option: str) -> Callable[[str], object]:
     return parse
 
 
-def duration_option(option: str) -> Callable[[str], dt.timedelta]:
-    """argparse ``type=`` of ``option``: a duration that is not negative."""
+def duration_option(option: str, **bounds: Any) -> Callable[[str], dt.timedelta]:
+    """argparse ``type=`` of ``option``: a duration checked by ``values.duration`` (not
+    negative, at most the longest; ``bounds`` are its ``least``, ``most``, ``positive``)."""
 
     def parse(value: str) -> dt.timedelta:
         try:
-            parsed = parse_duration(value, what=option)
-        except ValueError as exc:
+            return values.duration(value, what=option, **bounds)
+        except LockConfigurationError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-        if parsed < dt.timedelta(0):
-            raise argparse.ArgumentTypeError(f"{option} must not be negative.")
-        return parsed
+
+    return parse
+
+
+def reason_option(option: str, *, limit: int = values.REASON_LENGTH) -> Callable[[str], str]:
+    """argparse ``type=`` of ``option`` (``--reason``, ``--by``): one line of text checked
+    by ``values.reason`` (at most ``limit`` characters, no control or format character)."""
+
+    def parse(value: str) -> str:
+        try:
+            return values.reason(value, what=option, limit=limit)
+        except LockConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     return parse
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from .. import values
 from ..lock.errors import LockConfigurationError
 
 # What each run gives a function that takes it: the slot it serves, and its lock's
@@ -25,15 +26,9 @@ def check_kwargs(
 ) -> dict[str, Any]:
     """``kwargs`` if they are JSON and fit ``func`` (with ``slot`` and ``token`` when it
     takes them: each run gives them)."""
-    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
-        raise LockConfigurationError(
-            f"{what} must be a dict of argument names to values, not {kwargs!r}."
-        )
-    if not _is_json(kwargs):
-        raise LockConfigurationError(
-            f"{what} {kwargs!r} are not JSON: the run history stores them, so use only "
-            "str, int, float, bool, None, lists and dicts with str keys."
-        )
+    if isinstance(kwargs, str):  # JSON text is a command's or a form's: parse_kwargs
+        raise LockConfigurationError(f"{what} must be a dict of argument names to values.")
+    kwargs = values.json_arguments(kwargs, what=what)
     signature = inspect.signature(func)
     given = [name for name in GIVEN if name in signature.parameters]
     for name in given:
@@ -41,7 +36,8 @@ def check_kwargs(
             raise LockConfigurationError(
                 f"{what} must not give '{name}': each run is given its {name}."
             )
-    fits = f"{what} {kwargs!r} do not fit {func.__qualname__}{_bare(signature)}"
+    shown = values.printable(repr(kwargs), limit=200)
+    fits = f"{what} {shown} do not fit {func.__qualname__}{_bare(signature)}"
     unknown = [key for key in kwargs if not _takes(signature, key)]
     if unknown:  # said first: a misspelt name also makes a required one missing
         raise LockConfigurationError(f"{fits}: unknown argument {', '.join(map(repr, unknown))}.")
@@ -53,18 +49,10 @@ def check_kwargs(
 
 
 def parse_kwargs(text: str) -> object:
-    """The arguments a run is asked for with, as typed (a JSON object; blank: none).
-
-    Only parsed: what they must be is :meth:`Job.check_arguments`'s to say."""
-    if not text.strip():
-        return {}
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise LockConfigurationError(
-            f"The arguments are not JSON ({exc}): give an object of names to values, such "
-            'as {"day": "2026-11-24"}.'
-        ) from None
+    """The arguments a run is asked for with, as typed (a JSON object; blank: none),
+    checked by :func:`values.json_arguments` (its size, depth, NUL). What they must be
+    for the job is :meth:`Job.check_arguments`'s to say."""
+    return values.json_arguments(text)
 
 
 def _takes(signature: inspect.Signature, key: str) -> bool:
@@ -85,14 +73,6 @@ def _bare(signature: inspect.Signature) -> inspect.Signature:
         parameter.replace(annotation=empty) for parameter in signature.parameters.values()
     ]
     return signature.replace(parameters=parameters, return_annotation=empty)
-
-
-def _is_json(value: dict[str, Any]) -> bool:
-    """Whether ``value`` comes back equal from JSON (a tuple comes back a list, NaN unequal)."""
-    try:
-        return bool(json.loads(json.dumps(value, allow_nan=False)) == value)
-    except (TypeError, ValueError):  # checked once, when the decorator runs
-        return False
 
 
 def describe(kwargs: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import logs
+from .. import logs, values
 from ..conf import app_settings
 from ..lock.clock import database_now
 from ..lock.durations import parse_duration
@@ -76,12 +76,20 @@ def warning(job: Job) -> str:
     )
 
 
-def plan(job: Job, start: dt.datetime, end: dt.datetime | None = None, *, using: str) -> Backfill:
+def plan(
+    job: Job,
+    start: dt.datetime | str,
+    end: dt.datetime | str | None = None,
+    *,
+    using: str,
+    names: tuple[str, str] = ("--from", "--to"),
+) -> Backfill:
     """The slots of ``job``'s schedule from ``start`` to ``end`` (both included; default
-    now, on the database's clock) that have no successful run, oldest first. A time
-    without a zone is in the job's zone (``Job.zone``). Refused (LockConfigurationError, one
-    line): a job without a schedule, ``start`` after ``end``, ``end`` in the future,
-    more than :data:`MAX_SLOTS` slots."""
+    now, on the database's clock) that have no successful run, oldest first. Each is a
+    moment (``values.moment``: ISO 8601 text or a datetime, called ``names`` in a
+    message); a time without a zone is in the job's zone (``Job.zone``). Refused
+    (LockConfigurationError, one line): a moment out of bounds, a job without a schedule,
+    ``start`` after ``end``, ``end`` in the future, more than :data:`MAX_SLOTS` slots."""
     from ..models import JobRun
 
     schedule = job.schedule
@@ -90,17 +98,19 @@ def plan(job: Job, start: dt.datetime, end: dt.datetime | None = None, *, using:
             f"{job.name} has no schedule (every= or cron=): it has no slots to backfill."
         )
     zone = job.zone
+    first, last = names
+    start = values.moment(start, what=first, zone=zone).astimezone(dt.UTC)
+    given_end = None if end is None else values.moment(end, what=last, zone=zone)
     now = run_statement(using, lambda: database_now(using))
-    start = _aware(start, zone)
-    end = now if end is None else _aware(end, zone)
+    end = now if given_end is None else given_end.astimezone(dt.UTC)
     if end > now:
         raise LockConfigurationError(
-            f"--to {end.isoformat()} is in the future (database time {now.isoformat()}): "
+            f"{last} {end.isoformat()} is in the future (database time {now.isoformat()}): "
             "only past slots can be backfilled."
         )
     if start > end:
         raise LockConfigurationError(
-            f"--from {start.isoformat()} is after --to {end.isoformat()}: give the older first."
+            f"{first} {start.isoformat()} is after {last} {end.isoformat()}: give the older first."
         )
     slots: list[dt.datetime] = []
     for slot in schedule.slots_back(schedule.latest_at_or_before(end)[0]):
@@ -119,11 +129,6 @@ def plan(job: Job, start: dt.datetime, end: dt.datetime | None = None, *, using:
     found = run_statement(using, lambda: list(rows.values_list("slot", "status")))
     done = {slot: status for slot, status in found if slot is not None}
     return Backfill(job, start, end, [slot for slot in slots if slot not in done], done)
-
-
-def _aware(moment: dt.datetime, zone: dt.tzinfo) -> dt.datetime:
-    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=zone)
-    return aware.astimezone(dt.UTC)
 
 
 def span(slots: list[dt.datetime]) -> str:

@@ -57,7 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
 
-from ..lock.durations import DurationLike, parse_duration
+from .. import values
+from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
 from .schedules import Every, Schedule
 
@@ -105,9 +106,7 @@ def make_catch_up(
         )
     window_delta = None
     if window is not None:
-        window_delta = parse_duration(window, what="catch_up_window")
-        if window_delta < dt.timedelta(0):
-            raise LockConfigurationError("catch_up_window must not be negative.")
+        window_delta = values.duration(window, what="catch_up_window")
     return CatchUp(policy, limit, window_delta)
 
 

@@ -23,12 +23,15 @@ query), a ``run_exclusive`` every :data:`STOP_POLL` seconds.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from ..lock.clock import DatabaseNow
+from ..lock.clock import DatabaseNow, database_now
+from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 from . import audit
 from .registry import get_job
@@ -36,7 +39,7 @@ from .runner import Run, RunResult
 from .status import RunStatus
 
 if TYPE_CHECKING:
-    from ..models import RunRequest, SchedulerQuerySet
+    from ..models import JobState, RunRequest, SchedulerQuerySet
 
 
 AUTO_PAUSER = "(exclusive_jobs)"  # who pauses a job after its failures (pause_after=)
@@ -49,11 +52,18 @@ def pause(
     using: str,
     reason: str = "",
     until: dt.datetime | None = None,
+    expected: str | None = None,
 ) -> None:
     """Pause ``name`` on every server until :func:`resume`, or until ``until`` (database
-    time: the pause then ends by itself, see ``models.pause_in_force``), saying why."""
+    time: the pause then ends by itself, see ``models.pause_in_force``; one already past
+    is refused), saying why. With ``expected`` (the :func:`pause_version` a form was
+    opened on), only over that state: else ``overrides.Stale``, nothing written."""
     from ..models import JobChange, JobState
 
+    if until is not None:
+        _not_past(until, using)
+    if expected is not None:  # a row to lock (an empty one changes nothing)
+        run_statement(using, lambda: JobState.objects.using(using).get_or_create(name=name))
     values = {
         "paused": True,
         "paused_at": DatabaseNow(),
@@ -65,11 +75,80 @@ def pause(
 
     def write() -> None:
         with transaction.atomic(using=using):
+            if expected is not None:
+                _pause_still(name, expected, using)
             JobState.objects.using(using).update_or_create(name=name, defaults=values)
             action = JobChange.Action.PAUSE
             audit.record(name, action, by=by, reason=reason, after=after, using=using)
 
     run_statement(using, write)
+
+
+def pause_version(state: JobState | None) -> str:
+    """What a pause form opened on ``state`` saves over: a digest of its pause and
+    resume (what, when, who, why). Any pause or resume since changes it."""
+    if state is None or (state.paused_at is None and state.resumed_at is None):
+        return "none"
+    said = [
+        state.paused,
+        *(moment and moment.isoformat() for moment in (state.paused_at, state.paused_until)),
+        state.paused_by,
+        state.pause_reason,
+        state.resumed_at and state.resumed_at.isoformat(),
+        state.resumed_by,
+    ]
+    text = json.dumps(said, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def pause_version_of(name: str, *, using: str) -> str:
+    """:func:`pause_version` of ``name``'s row now (one query)."""
+    from ..models import JobState
+
+    rows = JobState.objects.using(using).filter(name=name)
+    return pause_version(run_statement(using, rows.first))
+
+
+def _pause_still(name: str, expected: str, using: str) -> None:
+    """In the write's transaction: lock ``name``'s row, then refuse (``Stale``, nothing
+    written) if its pause changed since ``expected``: who paused or resumed it, when."""
+    from django.db.models import F
+
+    from .. import values
+    from ..models import JobChange, JobState
+    from .overrides import Stale
+
+    rows = JobState.objects.using(using).filter(name=name)
+    rows.update(name=F("name"))  # the row's lock, until the transaction ends
+    if pause_version(rows.first()) == expected:
+        return
+    actions = [JobChange.Action.PAUSE, JobChange.Action.RESUME]
+    changes = JobChange.objects.using(using).filter(name=name, action__in=actions)
+    change = changes.order_by("-at", "-id").first()
+    said = "its pause changed"
+    if change is not None:
+        did = "paused it" if change.action == JobChange.Action.PAUSE else "resumed it"
+        why = f": {change.reason}" if change.reason else ""
+        at = change.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        said = f"{change.by} {did} at {at} UTC{why}"
+    raise Stale(
+        values.printable(
+            f"Not saved: since this form was opened, {said}. Open it again to see what is "
+            "in force now.",
+            limit=values.SHOWN_LENGTH,
+        )
+    )
+
+
+def _not_past(until: dt.datetime, using: str) -> None:
+    """A pause's end must be to come (database time): one already past pauses nothing."""
+    now = run_statement(using, lambda: database_now(using))
+    if until <= now:
+        raise LockConfigurationError(
+            f"The pause's end {until.isoformat(timespec='seconds')} is past (database time "
+            f"{now.isoformat(timespec='seconds')}): give a later one, or none to pause until "
+            "resumed."
+        )
 
 
 def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
+from .. import values
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.lock import Lock
-from ..lock.validation import MAX_NAME_LENGTH, validate_name, validate_timeout, validate_timing
+from ..lock.validation import validate_timeout, validate_timing, validate_wait
 from . import slot_locks
 from .arguments import check_kwargs
 from .catchup import make_catch_up, make_overlap
@@ -152,6 +153,8 @@ def exclusive_job(
     # Check what was passed here; the settings' defaults are the system checks' job.
     validate_timing(ttl, min_hold, use_settings=False)
     time_limit = validate_timeout(timeout)
+    if wait is not None:
+        validate_wait(wait)
     # Each schedule by its name ("" for the one of every=/cron=, or none), its arguments.
     declared: dict[str, tuple[Schedule | None, object]]
     if schedules is None:
@@ -198,11 +201,11 @@ def exclusive_job(
     def make_jobs(func: Callable[..., Any], task: Any = None) -> list[Job]:
         """The jobs ``func`` runs as, named ``name`` or ``module.qualname`` (plus
         ``:schedule`` for each of several schedules), their arguments checked."""
-        base = validate_name(name or f"{func.__module__}.{func.__qualname__}")
+        base = values.name(name or f"{func.__module__}.{func.__qualname__}")
         jobs = []
         for key, (schedule, arguments) in declared.items():
-            job_name = validate_name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
-            longest = MAX_NAME_LENGTH - slot_locks.LENGTH
+            job_name = values.name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
+            longest = values.NAME_LENGTH - slot_locks.LENGTH
             if overlap == "allow_all" and len(job_name) > longest:
                 raise LockConfigurationError(
                     f"With overlap='allow_all' a job's name has at most {longest} characters "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 
-from ..lock.durations import DurationLike, parse_duration
+from .. import values
+from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
 from .schedules import Schedule
 
@@ -40,9 +41,7 @@ def make_jitter(jitter: DurationLike | None, schedule: Schedule | None) -> dt.ti
     """
     if jitter is None:
         return NONE
-    delta = parse_duration(jitter, what="jitter")
-    if delta < NONE:
-        raise LockConfigurationError("jitter must not be negative.")
+    delta = values.duration(jitter, what="jitter")
     if delta == NONE:
         return NONE
     if schedule is None:

@@ -20,14 +20,15 @@ Slots already run are not run again: a slot is one row, whatever the schedule th
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
+from .. import values
 from ..lock.clock import DatabaseNow
-from ..lock.durations import parse_duration
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 from ..lock.validation import validate_timeout
@@ -65,9 +66,8 @@ def schedule_spec(schedule: Schedule | None) -> dict[str, Any] | None:
 
 def make(spec: dict[str, Any], tolerance: dt.timedelta | None) -> Schedule:
     """The schedule ``spec`` says, with the job's slot tolerance."""
-    every = spec.get("every")
     built = make_schedule(
-        every=dt.timedelta(seconds=every) if every is not None else None,
+        every=spec.get("every"),  # seconds, as stored
         cron=spec.get("cron"),
         timezone=spec.get("timezone"),
         tolerance=tolerance,
@@ -123,10 +123,8 @@ def check(job: Job, changes: dict[str, Any]) -> dict[str, Any]:
         spec = changes["schedule"]
         if not isinstance(spec, dict) or not spec.keys() <= {"cron", "every", "timezone"}:
             raise LockConfigurationError("A schedule is a cron expression or an interval.")
-        every = spec.get("every")
-        if every is not None:
-            every = parse_duration(every, what="every").total_seconds()
-        schedule = make({**spec, "every": every}, job.schedule.tolerance)
+        # Each value through its one check (values.duration, values.cron, values.zone).
+        schedule = make(spec, job.schedule.tolerance)
         checked["schedule"] = schedule_spec(schedule)
     if "kwargs" in changes:
         from .arguments import check_kwargs
@@ -194,14 +192,24 @@ def drift(job: Job | None, state: JobState) -> list[dict[str, str]]:
 
 
 def override(
-    job: Job, changes: dict[str, Any], *, reason: str, by: str, using: str
+    job: Job,
+    changes: dict[str, Any],
+    *,
+    reason: str,
+    by: str,
+    using: str,
+    expected: str | None = None,
 ) -> dict[str, Any]:
     """Override ``changes`` of ``job`` (checked first: LockConfigurationError) over what
     is overridden already; a setting given its code's value is no longer overridden.
-    Recorded in the audit with before and after. Returns the override now in force."""
+    Recorded in the audit with before and after. Returns the override now in force.
+    With ``expected`` (the :func:`version` a form was opened on), only over that state:
+    else :class:`Stale`, and nothing is written."""
     from ..models import JobChange, JobState
 
     checked = check(job, changes)
+    if expected is not None:
+        _row(job.name, using)
     code = code_of(job)
     state = _state(job.name, using)
     before = dict(state.override) if state is not None else {}
@@ -221,6 +229,8 @@ def override(
 
     def write() -> None:
         with transaction.atomic(using=using):
+            if expected is not None:
+                _still(job.name, expected, using)
             JobState.objects.using(using).update_or_create(name=job.name, defaults=values)
             audit.record(
                 job.name, JobChange.Action.OVERRIDE, by=by, reason=reason,
@@ -231,8 +241,11 @@ def override(
     return after
 
 
-def back_to_code(job: Job, *, reason: str, by: str, using: str) -> bool:
-    """Drop every override of ``job``: its code is in force again. False if none was."""
+def back_to_code(
+    job: Job, *, reason: str, by: str, using: str, expected: str | None = None
+) -> bool:
+    """Drop every override of ``job``: its code is in force again. False if none was.
+    With ``expected``, only over the state a form was opened on (as :func:`override`)."""
     from ..models import JobChange, JobState
 
     state = _state(job.name, using)
@@ -252,6 +265,8 @@ def back_to_code(job: Job, *, reason: str, by: str, using: str) -> bool:
 
     def write() -> None:
         with transaction.atomic(using=using):
+            if expected is not None:
+                _still(job.name, expected, using)
             JobState.objects.using(using).filter(pk=state.pk).update(**values)
             audit.record(
                 job.name, JobChange.Action.BACK_TO_CODE, by=by, reason=reason,
@@ -260,6 +275,69 @@ def back_to_code(job: Job, *, reason: str, by: str, using: str) -> bool:
 
     run_statement(using, write)
     return True
+
+
+class Stale(LockConfigurationError):
+    """A form's save over a state that has changed since it was opened."""
+
+
+def version(state: JobState | None) -> str:
+    """What a form opened on ``state`` saves over: a digest of its override (what, when,
+    who, why). Any change of the override since, or back to the code, changes it."""
+    if state is None or (state.overridden_at is None and not state.override):
+        return "none"  # never overridden: no row, or a row of a pause only
+    when = state.overridden_at.isoformat() if state.overridden_at else None
+    said = [state.override, when, state.overridden_by, state.override_reason]
+    text = json.dumps(said, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def version_of(name: str, *, using: str) -> str:
+    """:func:`version` of ``name``'s row now (one query)."""
+    return version(_state(name, using))
+
+
+def _row(name: str, using: str) -> None:
+    """Make sure ``name`` has a row (an empty one changes nothing), so that a save can
+    lock it: two first overrides at once then wait for each other."""
+    from ..models import JobState
+
+    run_statement(using, lambda: JobState.objects.using(using).get_or_create(name=name))
+
+
+def _still(name: str, expected: str, using: str) -> None:
+    """In the write's transaction: lock ``name``'s row (a write: SQLite too), then
+    refuse (:class:`Stale`, nothing written) if it changed since ``expected``."""
+    from django.db.models import F
+
+    from ..models import JobChange, JobState
+
+    rows = JobState.objects.using(using).filter(name=name)
+    rows.update(name=F("name"))  # the row's lock, until the transaction ends
+    if version(rows.first()) == expected:
+        return
+    actions = [JobChange.Action.OVERRIDE, JobChange.Action.BACK_TO_CODE]
+    change = (
+        JobChange.objects.using(using)
+        .filter(name=name, action__in=actions)
+        .order_by("-at", "-id")
+        .first()
+    )
+    if change is None:
+        said = "its override changed"
+    else:
+        what = describe_all(change.after) if change.action == JobChange.Action.OVERRIDE else ""
+        did = f"overrode it ({what})" if what else "put it back to the code"
+        why = f": {change.reason}" if change.reason else ""
+        at = change.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        said = f"{change.by} {did} at {at} UTC{why}"
+    raise Stale(
+        values.printable(
+            f"Not saved: since this form was opened, {said}. Open it again to see what is "
+            f"in force now, then save your change over it.",
+            limit=values.SHOWN_LENGTH,
+        )
+    )
 
 
 def _state(name: str, using: str) -> JobState | None:

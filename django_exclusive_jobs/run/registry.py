@@ -63,7 +63,7 @@ class Job:
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the
         decorator checks them; a change of ``None`` leaves that setting as declared."""
-        from ..lock.validation import validate_timeout, validate_timing
+        from ..lock.validation import validate_timeout, validate_timing, validate_wait
 
         given = {key: value for key, value in changes.items() if value is not None}
         if not given:
@@ -71,6 +71,8 @@ class Job:
         validate_timing(given.get("ttl", self.ttl), given.get("min_hold", self.min_hold))
         if "timeout" in given:
             given["timeout"] = validate_timeout(given["timeout"])
+        if "wait" in given:
+            validate_wait(given["wait"])
         return replace(self, **given)
 
     def with_arguments(self, given: dict[str, Any]) -> Job:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from ..lock.durations import DurationLike, parse_duration
+from .. import values
+from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
 from .schedules import Schedule
 
@@ -67,7 +68,5 @@ def make_retries(retries: int, backoff: DurationLike | None) -> tuple[int, dt.ti
         return retries, DEFAULT_BACKOFF
     if not retries:
         raise LockConfigurationError("retry_backoff only applies with retries=N (N >= 1).")
-    delta = parse_duration(backoff, what="retry_backoff")
-    if delta < dt.timedelta(0):
-        raise LockConfigurationError("retry_backoff must not be negative.")
+    delta = values.duration(backoff, what="retry_backoff")
     return retries, delta

@@ -11,11 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import zoneinfo
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cronsim import CronSim, CronSimError
 from django.conf import settings
 
+from .. import values
 from ..conf import app_settings
 from ..lock.durations import DurationLike, parse_duration
 from ..lock.errors import LockConfigurationError
@@ -230,44 +231,49 @@ def make_schedule(
     timezone: str | None = None,
     tolerance: DurationLike | None = None,
 ) -> Schedule | None:
-    """Check the arguments and build the schedule (None when neither is given)."""
+    """Check the arguments and build the schedule (None when neither is given). Each
+    value passes its one check in ``values``; then a cron expression's fields."""
     if every is not None and cron is not None:
         raise LockConfigurationError("Give either every= or cron=, not both.")
     if timezone is not None and cron is None:
         raise LockConfigurationError("A time zone only applies to a cron= schedule.")
     if tolerance is not None and every is None and cron is None:
         raise LockConfigurationError("A slot tolerance only applies with every= or cron=.")
-    tolerance_delta = None
-    if tolerance is not None:
-        tolerance_delta = parse_duration(tolerance, what="slot tolerance")
-        if tolerance_delta < dt.timedelta(0):
-            raise LockConfigurationError("The slot tolerance must not be negative.")
+    tolerance_delta = None if tolerance is None else slot_tolerance(tolerance)
     if every is not None:
-        period = parse_duration(every, what="every")
-        if period < dt.timedelta(seconds=1):
-            raise LockConfigurationError(
-                f"every must be at least 1 second, got {period.total_seconds():g}s."
-            )
+        period = values.duration(every, what="every", least=dt.timedelta(seconds=1))
         return Every(tolerance=tolerance_delta, period=period)
     if cron is not None:
-        if not isinstance(cron, str):
-            raise LockConfigurationError("cron must be a string like '0 * * * *'.")
-        zone_name = timezone or settings.TIME_ZONE or "UTC"
-        try:
-            zoneinfo.ZoneInfo(zone_name)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise LockConfigurationError(f"Unknown time zone {zone_name!r}.") from None
-        fields = cron.split()
+        expression = values.cron(cron)
+        zone_name = values.zone(timezone or settings.TIME_ZONE or "UTC")
+        fields = expression.split()
         if len(fields) != 5:
             raise LockConfigurationError(
-                f"Cron expression {cron!r} must have 5 fields (minute hour day month weekday)."
+                f"Cron expression {values.printable(repr(expression), limit=80)} must have "
+                "5 fields (minute hour day month weekday)."
             )
         try:
-            CronSim(cron, dt.datetime(2000, 1, 1, tzinfo=zoneinfo.ZoneInfo(zone_name)))
+            CronSim(expression, dt.datetime(2000, 1, 1, tzinfo=zoneinfo.ZoneInfo(zone_name)))
         except CronSimError as exc:
-            raise LockConfigurationError(f"Cron expression {cron!r} is not valid: {exc}.") from None
-        return Cron(tolerance=tolerance_delta, expression=" ".join(fields), timezone=zone_name)
+            raise LockConfigurationError(
+                f"Cron expression {expression!r} is not valid: {exc}."
+            ) from None
+        return Cron(tolerance=tolerance_delta, expression=expression, timezone=zone_name)
     return None
+
+
+def slot_tolerance(value: DurationLike) -> dt.timedelta:
+    """A slot tolerance (``slot_tolerance=``, ``--slot-tolerance``): a duration, not
+    negative, at most the longest (``values.duration``)."""
+    return values.duration(value, what="slot tolerance")
+
+
+def with_tolerance(schedule: Schedule, tolerance: DurationLike | None) -> Schedule:
+    """``schedule`` with another slot tolerance (``run_exclusive --slot-tolerance`` for a
+    job that declares its schedule); ``None`` leaves it as it is."""
+    if tolerance is None:
+        return schedule
+    return replace(schedule, tolerance=slot_tolerance(tolerance))
 
 
 # Between a job's name and the name of one of its several schedules: "report:daily".
@@ -288,10 +294,11 @@ def several_schedules(
         )
     result: dict[str, tuple[Schedule, object]] = {}
     for key, entry in schedules.items():
-        if not isinstance(key, str) or not key or key != key.strip() or SCHEDULE_SEPARATOR in key:
+        values.name(key, what="Schedule name")
+        if SCHEDULE_SEPARATOR in key:
             raise LockConfigurationError(
-                f"Schedule name {key!r} must be a non-empty string without "
-                f"{SCHEDULE_SEPARATOR!r} or white space at its ends."
+                f"Schedule name {key!r} must be written without {SCHEDULE_SEPARATOR!r}: it "
+                "separates the job's name from the schedule's."
             )
         if not isinstance(entry, dict) or set(entry) - set(SCHEDULE_KEYS):
             unknown = sorted(set(entry) - set(SCHEDULE_KEYS)) if isinstance(entry, dict) else []

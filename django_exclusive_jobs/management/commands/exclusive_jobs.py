@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from django_exclusive_jobs import values
 from django_exclusive_jobs.health import JobHealth, Overview, overview
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.retry import run_statement
@@ -22,6 +23,7 @@ from django_exclusive_jobs.management.base import (
     kwargs_option,
     moment_option,
     operator,
+    reason_option,
 )
 from django_exclusive_jobs.management.output import given, line_printer, one_line
 from django_exclusive_jobs.run import backfill, control, overrides, preview
@@ -56,6 +58,7 @@ cannot be reached; run NAME also exits as run_exclusive does: 4 the lock was los
 
 logger = logging.getLogger("django_exclusive_jobs")
 NEXT_SLOTS = 10  # next NAME shows this many slots without -n
+BY_LENGTH = 255  # --by: what the audit and the run history keep of who asks
 
 
 class Command(JobCommand):
@@ -79,8 +82,17 @@ class Command(JobCommand):
             "--check", action="store_true", help="one line per problem; exit 1 if any"
         )
         parser.add_argument("--database", help="database alias of the lock table")
-        parser.add_argument("--by", help="who asks (default: user@host of this shell)")
-        parser.add_argument("--reason", default="", help="pause, resume: why (in the audit)")
+        parser.add_argument(
+            "--by",
+            type=reason_option("--by", limit=BY_LENGTH),
+            help="who asks (default: user@host of this shell)",
+        )
+        parser.add_argument(
+            "--reason",
+            type=reason_option("--reason"),
+            default="",
+            help="pause, resume: why (in the audit)",
+        )
         parser.add_argument(
             "--until",
             type=moment_option("--until"),
@@ -133,6 +145,10 @@ class Command(JobCommand):
         action, name = options["action"], options["name"]
         if options["count"] is not None and action != "next":
             raise CommandError("-n goes with next.", returncode=2)
+        if options["check"] and action != "list":
+            raise CommandError("--check goes with list.", returncode=2)
+        if options["json"] and action not in ("list", "next"):
+            raise CommandError("--json goes with list and next.", returncode=2)
         if (options["reason"] and action not in ("pause", "resume")) or (
             options["until"] and action != "pause"
         ):
@@ -162,8 +178,9 @@ class Command(JobCommand):
             self._next(name, using, options)
         elif action == "pause":
             until = options["until"]
-            if until is not None and until.tzinfo is None:  # on the clock in force
-                until = until.replace(tzinfo=overrides.job_in_force(name, using=using).zone)
+            if until is not None:  # a time without a zone is on the job's clock in force
+                zone = overrides.job_in_force(name, using=using).zone
+                until = values.moment(until, what="--until", zone=zone)
             control.pause(name, by=who, using=using, reason=options["reason"], until=until)
             ends = f"until {until.isoformat()}" if until else "until it is resumed"
             self.stdout.write(one_line(f"paused {name}: its starts skip {ends}"))
@@ -211,8 +228,6 @@ class Command(JobCommand):
             sys.exit(done.exit_code)
 
     def _next(self, name: str, using: str, options: dict[str, Any]) -> None:
-        if options["check"]:
-            raise CommandError("--check goes with list.", returncode=2)
         job = overrides.job_in_force(name, using=using)  # an operator's schedule, if any
         now = run_statement(using, lambda: database_now(using))
         slots = preview.upcoming(job, now, options["count"] or NEXT_SLOTS)

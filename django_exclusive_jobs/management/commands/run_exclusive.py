@@ -15,9 +15,9 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
-from django_exclusive_jobs.lock.durations import parse_duration
+from django_exclusive_jobs import values
 from django_exclusive_jobs.lock.errors import LockConfigurationError
-from django_exclusive_jobs.management.base import JobCommand
+from django_exclusive_jobs.management.base import JobCommand, duration_option
 from django_exclusive_jobs.management.output import line_printer, one_line
 from django_exclusive_jobs.run.arguments import describe as describe_arguments
 from django_exclusive_jobs.run.catchup import CANCEL_WAIT, OVERLAPS, make_overlap
@@ -26,7 +26,7 @@ from django_exclusive_jobs.run.jitter import make_jitter
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job, schedules_of
 from django_exclusive_jobs.run.retries import make_retries
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
-from django_exclusive_jobs.run.schedules import make_schedule
+from django_exclusive_jobs.run.schedules import make_schedule, with_tolerance
 from django_exclusive_jobs.run.status import RunStatus
 
 logger = logging.getLogger("django_exclusive_jobs")
@@ -46,14 +46,6 @@ exit codes:
 """
 
 
-def _duration(value: str) -> str:
-    try:
-        parse_duration(value, what="the duration")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
-
-
 class Command(JobCommand):
     epilog = EPILOG
     help = "Run a job, management command or program on exactly one server at a time."
@@ -61,12 +53,20 @@ class Command(JobCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="the job (and lock) name")
-        parser.add_argument("--ttl", type=_duration, help="lease length, e.g. 90, 90s, 15m, 1h")
         parser.add_argument(
-            "--min-hold", type=_duration, help="keep the lock at least this long after start"
+            "--ttl",
+            type=duration_option("ttl", positive=True),
+            help="lease length, e.g. 90, 90s, 15m, 1h",
         )
         parser.add_argument(
-            "--wait", type=_duration, help="wait up to this long for the lock instead of skipping"
+            "--min-hold",
+            type=duration_option("min_hold"),
+            help="keep the lock at least this long after start",
+        )
+        parser.add_argument(
+            "--wait",
+            type=duration_option("wait"),
+            help="wait up to this long for the lock instead of skipping",
         )
         parser.add_argument("--database", help="database alias for the lock table")
         parser.add_argument(
@@ -84,19 +84,21 @@ class Command(JobCommand):
         )
         parser.add_argument(
             "--timeout",
-            type=_duration,
+            type=duration_option("timeout", positive=True),
             help="stop the run if it lasts longer than this (default: the job's timeout=, "
             "else EXCLUSIVE_JOBS['TIMEOUT'], else no limit)",
         )
         parser.add_argument(
             "--grace",
-            type=_duration,
+            type=duration_option("grace"),
             default="10s",
             help="how long a job stopped at its timeout, or a child program sent SIGTERM, "
             "may take to end before it is killed (default 10s)",
         )
         parser.add_argument(
-            "--every", type=_duration, help="the job's schedule: run once per slot of this length"
+            "--every",
+            type=duration_option("every", least=dt.timedelta(seconds=1)),
+            help="the job's schedule: run once per slot of this length",
         )
         parser.add_argument(
             "--cron", help="the job's schedule as a cron expression, e.g. '0 * * * *'"
@@ -104,12 +106,12 @@ class Command(JobCommand):
         parser.add_argument("--timezone", help="time zone of --cron (default: TIME_ZONE)")
         parser.add_argument(
             "--slot-tolerance",
-            type=_duration,
+            type=duration_option("slot tolerance"),
             help="how early a start may be and still serve the coming slot (default 30s)",
         )
         parser.add_argument(
             "--jitter",
-            type=_duration,
+            type=duration_option("jitter"),
             help="start each slot up to this long after it, the same on every server "
             "(default: the job's jitter=; 0 starts at once)",
         )
@@ -121,7 +123,7 @@ class Command(JobCommand):
         )
         parser.add_argument(
             "--retry-backoff",
-            type=_duration,
+            type=duration_option("retry_backoff"),
             help="wait before a retry, doubled for each next one (default: the job's, else 30s)",
         )
         parser.add_argument(
@@ -202,10 +204,7 @@ class Command(JobCommand):
         """Refuse bad options before anything runs; the grace in seconds."""
         if not 0 <= options["skipped_exit_code"] <= 255:
             raise CommandError("--skipped-exit-code must be between 0 and 255.", returncode=2)
-        grace = parse_duration(options["grace"]).total_seconds()
-        if grace < 0:
-            raise CommandError("--grace must not be negative.", returncode=2)
-        return grace
+        return values.duration(options["grace"], what="grace").total_seconds()
 
     def _overrides(self, job: Job, options: dict[str, Any]) -> dict[str, Any]:
         """What the command line changes about the job's declared settings."""
@@ -217,12 +216,20 @@ class Command(JobCommand):
             "keepalive": options["keepalive"],
             "timeout": options["timeout"],
         }
-        overrides["schedule"] = make_schedule(
-            every=options["every"],
-            cron=options["cron"],
-            timezone=options["timezone"],
-            tolerance=options["slot_tolerance"],
-        )
+        tolerance = options["slot_tolerance"]
+        declared = options["every"] is None and options["cron"] is None
+        if declared and tolerance is not None and job.schedule is not None:
+            # The declared schedule, with this tolerance (--timezone still needs --cron).
+            if options["timezone"] is not None:
+                make_schedule(timezone=options["timezone"])  # says why not
+            overrides["schedule"] = with_tolerance(job.schedule, tolerance)
+        else:
+            overrides["schedule"] = make_schedule(
+                every=options["every"],
+                cron=options["cron"],
+                timezone=options["timezone"],
+                tolerance=tolerance,
+            )
         if options["retries"] is not None or options["retry_backoff"] is not None:
             overrides.update(self._retries(job, options, scheduled=bool(overrides["schedule"])))
         if options["overlap"] is not None:
@@ -247,7 +254,9 @@ class Command(JobCommand):
                 returncode=EXIT_USAGE,
             )
         retries = job.retries if options["retries"] is None else options["retries"]
-        backoff = options["retry_backoff"] or (job.retry_backoff if retries else None)
+        backoff = options["retry_backoff"]
+        if backoff is None:
+            backoff = job.retry_backoff if retries else None
         try:
             retries, delta = make_retries(retries, backoff)
         except LockConfigurationError as exc:
