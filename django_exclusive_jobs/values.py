@@ -143,7 +143,8 @@ def moment(
     ``zone`` (UTC when None). From 1970-01-01 to 9000-01-01 UTC."""
     if isinstance(value, str):
         text = value.strip()
-        if len(text) > 64:
+        # fromisoformat reads past a trailing NUL: a control character is never a time
+        if len(text) > 64 or any(_refused(char) for char in text):
             raise LockConfigurationError(f"{what} {_shown(value)} is not an ISO 8601 time.")
         try:
             parsed = dt.datetime.fromisoformat(text)
@@ -236,7 +237,7 @@ def json_arguments(value: object, *, what: str = "The arguments") -> dict[str, A
         raise LockConfigurationError(
             f"{what} are {len(text)} characters as JSON; the limit is {JSON_SIZE}."
         )
-    if "\\u0000" in text or _has_surrogate(text):
+    if any("\x00" in each or _has_lone_surrogate(each) for each in _strings(value)):
         raise LockConfigurationError(
             f"{what} hold a NUL character or a lone surrogate, which the database cannot store."
         )
@@ -276,8 +277,20 @@ def _depth_of_text(text: str) -> int:
     return deepest
 
 
-def _has_surrogate(text: str) -> bool:
-    return bool(re.search(r"\\ud[89a-f][0-9a-f]{2}", text, re.IGNORECASE))
+def _strings(value: object) -> list[str]:
+    """Every string in ``value``, keys included (without recursion)."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 def _seconds(delta: dt.timedelta) -> str:
