@@ -23,7 +23,8 @@ value through a real ``python -m django`` process. One test fuzzes the admin wit
 serving it.
 
 Examples per test: ``EXAMPLES`` below (CI: derandomized, so CI is reproducible); set
-``EXCLUSIVE_JOBS_FUZZ_EXAMPLES`` to run more (a number per test) locally.
+``EXCLUSIVE_JOBS_FUZZ_EXAMPLES`` to run more (a number per test) locally, and
+``EXCLUSIVE_JOBS_FUZZ_PHASES`` to choose hypothesis' phases.
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ EXAMPLES = {
 }
 
 
+# Exploring locally: EXCLUSIVE_JOBS_FUZZ_PHASES=generate (or explicit,generate,shrink...)
+# runs only those phases (an explicit example that fails stops hypothesis before it
+# generates any).
+PHASES = [
+    Phase[name.strip()]
+    for name in os.environ.get(
+        "EXCLUSIVE_JOBS_FUZZ_PHASES", "explicit,reuse,generate,target,shrink"
+    ).split(",")
+]
+
+
 def fuzzed(door: str) -> settings:
     return settings(
         max_examples=MORE or EXAMPLES[door],
@@ -100,9 +112,7 @@ def fuzzed(door: str) -> settings:
         derandomize=CI,
         database=None,
         print_blob=True,
-        phases=[Phase.explicit, Phase.generate]
-        if os.environ.get("EXCLUSIVE_JOBS_FUZZ_NO_SHRINK")
-        else list(Phase),
+        phases=PHASES,
         suppress_health_check=[
             HealthCheck.function_scoped_fixture,
             HealthCheck.too_slow,
@@ -485,9 +495,9 @@ def test_exclusive_jobs_next(alias: str) -> None:
         verdict = fs.combine(
             fs.count_verdict(count, preview.MAX_SLOTS), job_verdict(name), alias_verdict(database)
         )
-        argv = ["exclusive_jobs", "next", "--database", database, f"-n{count}"]
-        argv += ["--json"] if as_json else []
-        ran = run_command(*argv, "--", name)
+        # NAME right after the action (argparse: a "--" after options would not give it).
+        argv = ["exclusive_jobs", "next", name, "--database", database, f"-n{count}"]
+        ran = run_command(*argv, *(["--json"] if as_json else []))
         if not assert_command_contract(ran, verdict, before, alias):
             return
         assert snapshot(alias) == before, ran.said()  # next only reads
@@ -604,9 +614,10 @@ def locks_cases(draw: st.DrawFn, alias: str) -> tuple[list[str], Verdict, str]:
     name = draw(st.one_of(st.none(), st.just(FREE_LOCK), st.just("no-such-lock"), fs.names))
     stale, live, as_json = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
     database = draw(database_option(alias))
-    argv = [action] if action else []
-    argv += [flag for flag, on in (("--stale", stale), ("--live", live), ("--json", as_json)) if on]
-    argv += ["--database", database]
+    # The options first, then ACTION -- NAME: argparse takes them together (a NAME may
+    # start with "-").
+    argv = [flag for flag, on in (("--stale", stale), ("--live", live), ("--json", as_json)) if on]
+    argv += ["--database", database, *([action] if action else [])]
     argv += ["--", name] if name is not None else []
     verdicts = [alias_verdict(database)]
     if action in ("list", None):
@@ -626,9 +637,9 @@ def locks_cases(draw: st.DrawFn, alias: str) -> tuple[list[str], Verdict, str]:
 def test_exclusive_locks(alias: str) -> None:
     @fuzzed("locks")
     @given(locks_cases(alias))
-    @example((["force-release", "--database", alias, "--", "ev\u202eil\u2028"], INVALID, "none"))
-    @example((["force-release", "--database", alias, "--", "a" * 100_000], INVALID, "none"))
-    @example((["force-release", "--database", alias, "--", "x\x1b[2J"], INVALID, "none"))
+    @example((["--database", alias, "force-release", "--", "ev\u202eil\u2028"], INVALID, "none"))
+    @example((["--database", alias, "force-release", "--", "a" * 100_000], INVALID, "none"))
+    @example((["--database", alias, "force-release", "--", "x\x1b[2J"], INVALID, "none"))
     def examples(case: tuple[list[str], Verdict, str]) -> None:
         argv, verdict, outcome = case
         clean_tables(alias)
