@@ -855,6 +855,16 @@ def pages_answer(alias: str, name: str, client: Client | None = None) -> None:
             )
 
 
+def typed(value: str) -> str:
+    """``value`` as a browser sends it: UTF-8, so a lone surrogate arrives as U+FFFD
+    (the test client, unlike a raw request, cannot send one at all)."""
+    return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def typed_all(form: dict[str, str]) -> dict[str, str]:
+    return {key: typed(value) for key, value in form.items()}
+
+
 def short(value: str) -> str:
     return value if len(value) < 200 else f"{value[:200]!r}...({len(value)} characters)"
 
@@ -886,6 +896,7 @@ def test_admin_pause_form(alias: str, operator: Client) -> None:
     @example({"zone": "", "reason": "x", "until": "2020-01-01T00:00"})
     @example({"zone": "", "reason": "ok\x1b]0;pwned\x07" + fs.FORGED_LINE, "until": ""})
     def examples(case: dict[str, str]) -> None:
+        case = typed_all(case)
         clean_tables(alias)
         job = get_job("digest")
         assert job is not None
@@ -992,6 +1003,7 @@ def test_admin_override_form(alias: str, operator: Client) -> None:
     @example({**plain, "reason": "load\x1b[2J" + fs.FORGED_LINE})
     @example({**plain, "cron": "0 * * * *", "every": "", "timezone": "Europe/Paris\x00"})
     def examples(case: dict[str, str]) -> None:
+        case = typed_all(case)
         clean_tables(alias)
         page = operator.get(act("override"), {"job": "digest"})
         assert page.status_code == 200, failed(page)
@@ -1031,6 +1043,7 @@ def test_admin_run_now_form(alias: str, operator: Client) -> None:
     @example('{"limit": "\\u0000"}')
     @example('{"limit": "\\ud800"}')
     def examples(given: str) -> None:
+        given = typed(given)
         clean_tables(alias)
         page = operator.get(act("run"), {"job": "digest"})
         assert page.status_code == 200, failed(page)
@@ -1063,7 +1076,7 @@ def test_admin_backfill_form(alias: str, operator: Client) -> None:
     @example(("1970-01-01T00:00+14:00", "1970-01-01T03:00+14:00"))
     @example(("\u202e2030-01-01", ""))
     def examples(given: tuple[str, str]) -> None:
-        start, end = given
+        start, end = typed(given[0]), typed(given[1])
         clean_tables(alias)
         verdict, slots = range_verdict(start, end, now, stripped=True)
         data = {"job": "backfill_hourly", "start": start, "end": end}
@@ -1095,6 +1108,7 @@ def test_admin_resume_and_back_to_the_code(alias: str, operator: Client) -> None
     @example("back", "done\u202e\u2066")
     @example("back", "a" * 100_000)
     def examples(action: str, reason: str) -> None:
+        reason = typed(reason)
         clean_tables(alias)
         job = get_job("digest")
         assert job is not None
@@ -1183,6 +1197,7 @@ def test_a_scheduler_beside_the_doors_keeps_serving_its_other_jobs(
     @example("", "America/St_Johns", "9999-12-31T23:59")
     @example("", "Europe/Paris", "0001-01-01T00:00")
     def examples(every: str, zone: str, until: str) -> None:
+        every, until = typed(every), typed(until)
         override = {
             "job": "digest",
             "cron": "0 * * * *" if zone else "",
