@@ -97,6 +97,21 @@ def with_controls(draw: st.DrawFn, base: st.SearchStrategy[str]) -> str:
     return text[:where] + draw(controls) + text[where:]
 
 
+def half(
+    plausible: st.SearchStrategy[str], hostile: st.SearchStrategy[str]
+) -> st.SearchStrategy[str]:
+    """Half plausible, half hostile (``st.one_of`` would flatten the hostile kinds into as
+    many branches, each as likely as the plausible one)."""
+    return st.booleans().flatmap(lambda bad: hostile if bad else plausible)
+
+
+def mostly(
+    plausible: st.SearchStrategy[str], hostile: st.SearchStrategy[str], odds: int = 4
+) -> st.SearchStrategy[str]:
+    """``plausible``, and about one time in ``odds + 1`` ``hostile``."""
+    return st.integers(0, odds).flatmap(lambda n: hostile if n == 1 else plausible)
+
+
 def huge(text: str, size: int) -> str:
     return (text * (size // max(1, len(text)) + 1))[:size]
 
@@ -119,13 +134,14 @@ HOSTILE_TEXT = [
     "ok\x00then",
     *UNICODE_NAMES,
 ]
-texts = st.one_of(
-    plausible_text,
+# Each kind of value: half plausible, half hostile, so that both branches of a door run.
+hostile_texts = st.one_of(
     st.sampled_from(HOSTILE_TEXT),
     with_controls(plausible_text),
     st.text(max_size=40),
     st.text(st.characters(codec="utf-8"), min_size=400, max_size=700),
 )
+texts = half(plausible_text, hostile_texts)
 
 
 def reason_verdict(text: str, *, required: bool = False, stripped: bool = False) -> Verdict:
@@ -154,6 +170,8 @@ def by_verdict(text: str) -> Verdict:
 
 
 NAME_ALPHABET = st.characters(codec="utf-8")
+
+
 names = st.one_of(
     st.sampled_from(
         [
@@ -235,8 +253,7 @@ plausible_durations = st.one_of(
     ),
     st.builds(lambda n: f"PT{n}M", st.integers(1, 99)),
 )
-durations = st.one_of(
-    plausible_durations,
+hostile_durations = st.one_of(
     st.sampled_from(HOSTILE_DURATIONS),
     with_controls(plausible_durations),
     st.builds(
@@ -247,6 +264,7 @@ durations = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.text(max_size=12),
 )
+durations = half(plausible_durations, hostile_durations)
 
 
 def plausible_seconds(text: str) -> float | None:
@@ -345,10 +363,14 @@ def near_moments(draw: st.DrawFn, now: dt.datetime, least: float, most: float) -
 
 
 def moments(now: dt.datetime) -> st.SearchStrategy[str]:
+    """Half plausible (days to a year ahead), half hostile."""
+    return half(near_moments(now, 72, 24 * 400), hostile_moments(now))
+
+
+def hostile_moments(now: dt.datetime) -> st.SearchStrategy[str]:
     return st.one_of(
         extreme_moments(),
         st.sampled_from(HOSTILE_MOMENTS),
-        near_moments(now, 72, 24 * 400),
         with_controls(near_moments(now, 72, 24 * 400)),
         st.text(max_size=20),
     )
@@ -403,7 +425,9 @@ HOSTILE_ZONES = [
     "Etc/GMT+99",
     "",
 ]
-zones = st.one_of(st.sampled_from(ZONES), st.sampled_from(HOSTILE_ZONES), st.text(max_size=15))
+zones = half(
+    st.sampled_from(ZONES), st.one_of(st.sampled_from(HOSTILE_ZONES), st.text(max_size=15))
+)
 
 
 def zone_verdict(text: str, *, stripped: bool = False) -> Verdict:
@@ -434,13 +458,13 @@ HOSTILE_CRONS = [
     " ",
     ",".join(str(n % 60) for n in range(2000)) + " * * * *",
 ]
-crons = st.one_of(
-    st.sampled_from(VALID_CRONS),
+hostile_crons = st.one_of(
     st.sampled_from(BAD_CRONS),
     st.sampled_from(HOSTILE_CRONS),
     with_controls(st.sampled_from(VALID_CRONS)),
     st.text(st.sampled_from("0123456789*/,-? LW#"), max_size=30),
 )
+crons = half(st.sampled_from(VALID_CRONS), hostile_crons)
 
 
 def cron_verdict(text: str, *, stripped: bool = False) -> Verdict:
@@ -518,12 +542,12 @@ def plausible_arguments(draw: st.DrawFn) -> str:
     return json.dumps(given, ensure_ascii=draw(st.booleans()))
 
 
-arguments = st.one_of(
-    plausible_arguments(),
+hostile_arguments = st.one_of(
     st.sampled_from(HOSTILE_JSON),
     st.dictionaries(st.text(max_size=6), json_values, max_size=3).map(json.dumps),
     st.text(max_size=20),
 )
+arguments = half(plausible_arguments(), hostile_arguments)
 DIGEST_ARGUMENTS = {"recipients", "limit"}
 
 
@@ -546,13 +570,15 @@ def arguments_verdict(text: str, *, all_needed: bool, stripped: bool = False) ->
 
 # --- counts (next -n) ----------------------------------------------------------------------
 
-counts = st.one_of(
+counts = half(
     st.integers(1, 1000).map(str),
-    st.integers(-(10**30), 10**30).map(str),
-    st.sampled_from(
-        ["0", "1001", "9" * 5000, "1e3", "nan", "", " 5", "\u0665", "\uff15", "5\x00", "0x10"]
+    st.one_of(
+        st.integers(-(10**30), 10**30).map(str),
+        st.sampled_from(
+            ["0", "1001", "9" * 5000, "1e3", "nan", "", " 5", "\u0665", "\uff15", "5\x00", "0x10"]
+        ),
+        st.text(max_size=5),
     ),
-    st.text(max_size=5),
 )
 
 

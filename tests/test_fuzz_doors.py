@@ -230,7 +230,7 @@ def assert_command_contract(
 
 def database_option(alias: str) -> st.SearchStrategy[str]:
     """Mostly the backend under test, sometimes a hostile alias."""
-    return st.one_of(st.just(alias), st.just(alias), st.just(alias), fs.names)
+    return fs.mostly(st.just(alias), fs.names, odds=5)
 
 
 def alias_verdict(given: str) -> Verdict:
@@ -488,7 +488,7 @@ def test_exclusive_jobs_next(alias: str) -> None:
     @given(
         fs.counts,
         st.booleans(),
-        st.one_of(st.sampled_from(["digest", "summary:weekly", "quick"]), hostile_names),
+        fs.mostly(st.sampled_from(["digest", "summary:weekly", "quick"]), hostile_names),
         database_option(alias),
     )
     @example("9" * 5000, False, "digest", alias)
@@ -544,7 +544,7 @@ def ranges(draw: st.DrawFn, now: dt.datetime) -> tuple[str, str]:
         length = draw(st.integers(-3, 6))
         end = start + dt.timedelta(hours=length)
         shown = draw(st.sampled_from(["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S"]))
-        return start.strftime(shown), draw(st.sampled_from(["", end.strftime(shown)]))
+        return start.strftime(shown), draw(st.sampled_from([end.strftime(shown)] * 3 + [""]))
     return draw(fs.moments(now)), draw(st.one_of(st.just(""), fs.moments(now)))
 
 
@@ -616,8 +616,15 @@ FREE_LOCK = "fuzz-lock"
 def locks_cases(draw: st.DrawFn, alias: str) -> tuple[list[str], Verdict, str]:
     """argv, verdict, and what an accepted one does: "list", "json", "free", "none"."""
     action = draw(st.sampled_from(["list", "force-release", "force-release", None]))
-    name = draw(st.one_of(st.none(), st.just(FREE_LOCK), st.just("no-such-lock"), fs.names))
-    stale, live, as_json = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
+    name: str | None
+    if action == "force-release":  # a NAME or --stale, mostly
+        name = draw(fs.mostly(st.sampled_from([FREE_LOCK, "no-such-lock"]), fs.names, odds=2))
+        name = draw(st.sampled_from([name, name, name, None]))
+        stale = draw(st.sampled_from([name is None] * 4 + [name is not None]))
+    else:
+        name = draw(st.sampled_from([None] * 4 + [FREE_LOCK]))
+        stale = draw(st.booleans())
+    live, as_json = draw(st.booleans()), draw(st.booleans())
     database = draw(database_option(alias))
     # The options first, then ACTION -- NAME: argparse takes them together (a NAME may
     # start with "-").
@@ -939,24 +946,43 @@ def test_admin_pause_form(alias: str, operator: Client) -> None:
 OVERLAP_CHOICES = ["skip", "buffer_one", "buffer_all", "cancel_other"]
 
 
+OVERRIDE_FIELDS = ["schedule", "arguments", "timeout", "overlap", "reason"]
+
+
 @st.composite
 def override_cases(draw: st.DrawFn) -> dict[str, str]:
-    schedule = draw(st.sampled_from(["cron", "every", "every", "both", "none"]))
-    form = {
-        "cron": draw(fs.crons) if schedule in ("cron", "both") else "",
-        "timezone": draw(st.one_of(st.just(""), fs.zones)) if schedule == "cron" else "",
-        "every": draw(fs.durations) if schedule in ("every", "both") else "",
-        "arguments": draw(
-            st.one_of(st.just('{"recipients": ["ops@example.com"], "limit": 5}'), fs.arguments)
+    """The override form: up to two of its fields hostile, the others plausible."""
+    hostile = draw(st.sets(st.sampled_from(OVERRIDE_FIELDS), max_size=2))
+    if "schedule" in hostile:
+        kind = draw(st.sampled_from(["cron", "every", "both", "none"]))
+        cron, zone, every = fs.crons, fs.zones, fs.hostile_durations
+    else:
+        kind = draw(st.sampled_from(["cron", "every", "every"]))
+        cron = st.sampled_from(fs.VALID_CRONS)
+        zone, every = st.sampled_from(["", *fs.ZONES]), fs.plausible_durations
+    plausible = {
+        "arguments": st.builds(
+            lambda to, limit: json.dumps({"recipients": to, "limit": limit}),
+            st.lists(st.emails(), max_size=2),
+            st.integers(0, 100),
         ),
-        "timeout": draw(st.one_of(st.just(""), fs.durations)),
-        "overlap": draw(
-            st.one_of(
-                st.sampled_from(OVERLAP_CHOICES), st.sampled_from(["allow_all", ""]), fs.texts
-            )
-        ),
-        "reason": draw(st.one_of(fs.plausible_text, fs.texts)),
+        "timeout": st.one_of(st.just(""), fs.plausible_durations),
+        "overlap": st.sampled_from(OVERLAP_CHOICES),
+        "reason": fs.plausible_text,
     }
+    hostile_values = {
+        "arguments": fs.hostile_arguments,
+        "timeout": fs.hostile_durations,
+        "overlap": st.one_of(st.sampled_from(["allow_all", "", " skip"]), fs.hostile_texts),
+        "reason": fs.hostile_texts,
+    }
+    form = {
+        "cron": draw(cron) if kind in ("cron", "both") else "",
+        "timezone": draw(zone) if kind == "cron" else "",
+        "every": draw(every) if kind in ("every", "both") else "",
+    }
+    for field in ("arguments", "timeout", "overlap", "reason"):
+        form[field] = draw(hostile_values[field] if field in hostile else plausible[field])
     return form
 
 
