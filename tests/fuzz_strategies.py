@@ -290,7 +290,7 @@ def duration_verdict(
     given = text.strip() if stripped else text
     if refused_by(lambda: values.duration(given, positive=positive, least=least)):
         return INVALID
-    if stripped and "\x00" in text:
+    if "\x00" in text:  # NUL: no database stores it; typed, it is refused (item 4)
         return INVALID
     seconds = plausible_seconds(given)
     if seconds is None or seconds > most_plausible or (stripped and given != text):
@@ -390,7 +390,7 @@ def moment_or_none(text: str, zone: dt.tzinfo, *, stripped: bool = False) -> dt.
 def until_verdict(text: str, zone: dt.tzinfo, now: dt.datetime, *, stripped: bool) -> Verdict:
     """A pause's end: a moment the validator takes, and not past (a pause that ended
     already is no pause). Accepted: a plausible one days ahead."""
-    if stripped and "\x00" in text:
+    if "\x00" in text:  # NUL: no database stores it; typed, it is refused (item 4)
         return INVALID
     moment = moment_or_none(text, zone, stripped=stripped)
     if moment is None:
@@ -433,7 +433,7 @@ zones = half(
 def zone_verdict(text: str, *, stripped: bool = False) -> Verdict:
     """A cron schedule's zone; empty: the default one."""
     given = text.strip() if stripped else text
-    if stripped and "\x00" in text:
+    if "\x00" in text:  # NUL: no database stores it; typed, it is refused (item 4)
         return INVALID
     if not given:
         return VALID if stripped else EITHER
@@ -469,7 +469,7 @@ crons = half(st.sampled_from(VALID_CRONS), hostile_crons)
 
 def cron_verdict(text: str, *, stripped: bool = False) -> Verdict:
     given = text.strip() if stripped else text
-    if stripped and "\x00" in text:
+    if "\x00" in text:  # NUL: no database stores it; typed, it is refused (item 4)
         return INVALID
     if not given.strip() or refused_by(lambda: values.cron(given)):
         return INVALID
@@ -555,7 +555,7 @@ def arguments_verdict(text: str, *, all_needed: bool, stripped: bool = False) ->
     """digest's arguments: JSON the validator takes, with only names digest takes (all
     of them for an override, which replaces the declared ones)."""
     given = text.strip() if stripped else text
-    if stripped and "\x00" in text:
+    if "\x00" in text:  # NUL: no database stores it; typed, it is refused (item 4)
         return INVALID
     try:
         parsed = values.json_arguments(given)

@@ -553,7 +553,7 @@ def range_verdict(start: str, end: str, now: dt.datetime, *, stripped: bool) -> 
     zone = dt.UTC
     first = fs.moment_or_none(start, zone, stripped=stripped)
     last = fs.moment_or_none(end, zone, stripped=stripped) if end.strip() else now
-    if first is None or last is None or (stripped and "\x00" in start + end):
+    if first is None or last is None or "\x00" in start + end:
         return INVALID, 0
     if first > last:
         return INVALID, 0
