@@ -443,6 +443,7 @@ def test_exclusive_jobs_run_with_kwargs(alias: str) -> None:
     @example(fs.HOSTILE_JSON[3], alias)
     @example('{"limit": "\\u0000"}', alias)
     @example('{"limit": 1e999}', alias)
+    @example('{"limit": "\U0001f680 launch"}', alias)  # an emoji: stored everywhere
     def examples(given: str, database: str) -> None:
         clean_tables(alias)
         before = snapshot(alias)
@@ -1075,6 +1076,7 @@ def test_admin_run_now_form(alias: str, operator: Client) -> None:
     @example(fs.HOSTILE_JSON[3])
     @example('{"limit": "\\u0000"}')
     @example('{"limit": "\\ud800"}')
+    @example('{"limit": "\U0001f680 launch"}')  # an emoji: stored everywhere
     def examples(given: str) -> None:
         given = typed(given)
         clean_tables(alias)
