@@ -1203,9 +1203,9 @@ def test_a_scheduler_beside_the_doors_keeps_serving_its_other_jobs(
     admin's Override… and Pause… (confirm=yes). Whatever the forms accept, the scheduler
     lives and tick keeps getting runs, during and after."""
     clean_tables(alias)
-    server = start_scheduler(
-        schedulers, alias, "--jobs", "tick", "digest", env=scheduler_env(tmp_path / "marker")
-    )
+    # Unbuffered: the test reads its lines ("digest: overridden ...") as they come.
+    env = scheduler_env(tmp_path / "marker", PYTHONUNBUFFERED="1")
+    server = start_scheduler(schedulers, alias, "--jobs", "tick", "digest", env=env)
     output = Output(server)
     ticks = JobRun.objects.using(alias).filter(name="tick")
 
@@ -1215,7 +1215,13 @@ def test_a_scheduler_beside_the_doors_keeps_serving_its_other_jobs(
     def ticked(after: int) -> Callable[[], bool]:
         return lambda: server.poll() is not None or ticks.count() > after
 
-    wait_for(ticked(0), timeout=90)
+    def wait(until: Callable[[], bool], what: str) -> None:
+        try:
+            wait_for(until, timeout=30)
+        except AssertionError:
+            raise AssertionError(f"{what}: not in 30 s\n{output.tail()}") from None
+
+    wait_for(ticked(0), timeout=90)  # started
     assert not alive(), alive()
     began = ticks.count()
     accepted: list[str] = []
@@ -1258,14 +1264,14 @@ def test_a_scheduler_beside_the_doors_keeps_serving_its_other_jobs(
             def read() -> bool:  # the scheduler has read the override (or died)
                 return server.poll() is not None or output.count("digest: overridden") > seen
 
-            wait_for(read, timeout=30)
+            wait(read, "the scheduler reads the override")
             assert not alive(), f"{alive()}\naccepted: {accepted}"
         form = operator.get(act("pause"), {"job": "digest"})
         paused = operator.post(act("pause"), {**hidden_inputs(form), **pause})
         if paused.status_code == 302:
             accepted.append(f"pause until={short(until)!r} on {zone or 'UTC'}")
         # tick goes on: one more run
-        wait_for(ticked(ticks.count()), timeout=30)
+        wait(ticked(ticks.count()), "tick runs")
         assert not alive(), f"{alive()}\naccepted: {accepted}"
         # Undo: Resume and Back to the code always work.
         for action in ("resume", "back"):
@@ -1280,13 +1286,13 @@ def test_a_scheduler_beside_the_doors_keeps_serving_its_other_jobs(
                     read_back
                 )
 
-            wait_for(back, timeout=30)
+            wait(back, "the scheduler reads the way back to the code")
             assert not alive(), f"{alive()}\naccepted: {accepted}"
 
     examples()
     during = ticks.count()
     assert during > began, f"no tick ran during the fuzzing\n{output.tail()}"
-    wait_for(ticked(during + 1), timeout=30)
+    wait(ticked(during + 1), "tick runs after")
     assert not alive(), f"{alive()}\naccepted: {accepted}"
     server.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0, output.tail()
