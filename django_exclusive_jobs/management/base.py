@@ -146,6 +146,19 @@ def reason_option(option: str, *, limit: int = values.REASON_LENGTH) -> Callable
     return parse
 
 
+def name_option(what: str) -> Callable[[str], str]:
+    """argparse ``type=`` of a NAME argument: a name checked by ``values.name`` (one that
+    fails it can name no job or lock, so it is a usage error, not "not found")."""
+
+    def parse(value: str) -> str:
+        try:
+            return values.name(value, what=what)
+        except LockConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def count_option(option: str, most: int) -> Callable[[str], int]:
     """argparse ``type=`` of ``option``: a whole number from 1 to ``most``."""
 

@@ -10,14 +10,15 @@ from django.core.management.base import CommandError, CommandParser
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
-from django_exclusive_jobs.management.base import JobCommand, operator
+from django_exclusive_jobs.management.base import JobCommand, name_option, operator
 from django_exclusive_jobs.management.output import given, one_line
 from django_exclusive_jobs.models import JobLock, LockState
 
 EPILOG = """\
 list (the default) shows every lock; force-release frees a lock whoever holds it.
 exit codes: 0 done; 1 refused (a held lock without --live) or no such lock;
-2 usage or configuration error (an unknown database alias, migrations not applied);
+2 usage or configuration error (a NAME no lock can have, an unknown database alias,
+migrations not applied);
 3 the database cannot be reached.
 """
 
@@ -28,7 +29,12 @@ class Command(JobCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", nargs="?", choices=["list", "force-release"], default="list")
-        parser.add_argument("name", nargs="?", help="with force-release: the lock to free")
+        parser.add_argument(
+            "name",
+            nargs="?",
+            type=name_option("Lock name"),
+            help="with force-release: the lock to free",
+        )
         parser.add_argument(
             "--stale",
             action="store_true",
