@@ -98,7 +98,7 @@ def describe(setting: str, value: Any) -> str:
 
 def describe_all(override: dict[str, Any]) -> str:
     """Every overridden setting in words, in the order of :data:`SETTINGS`."""
-    said = [describe(key, override[key]) for key in SETTINGS if key in override]
+    said = [_described(key, override[key]) for key in SETTINGS if key in override]
     return ", ".join(said)
 
 
