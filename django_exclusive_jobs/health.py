@@ -347,6 +347,8 @@ def _read_state(health: JobHealth, job: Job | None, state: JobState, now: dt.dat
 def _in_force(health: JobHealth, job: Job, state: JobState, now: dt.datetime) -> Job:
     """The job as its override has it run, if the override can be used and its schedule
     computed; else the job as declared, and ``health.misconfigured`` says why."""
+    if not state.override:
+        return job
     try:
         return overrides.tried(overrides.in_force(job, state), now)
     except overrides.Misconfigured as exc:
@@ -365,7 +367,8 @@ def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None
             return  # no slot of its is started: none is shown coming
         health.upcoming = upcoming(job, now, slots)
     except Exception as exc:  # a slot out of range, a few slots on: still the job's problem
-        failed = overrides.Misconfigured(job.name, f"its schedule cannot be computed ({exc})")
+        said = f"its schedule cannot be computed ({type(exc).__name__}: {exc})"
+        failed = overrides.Misconfigured(job.name, said)
         health.misconfigured = health.misconfigured or failed.reason
         health.upcoming = []
         return

@@ -13,6 +13,7 @@ import datetime as dt
 import re
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from django.urls import reverse
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.models import JobLock, JobRun, JobState
 from django_exclusive_jobs.run import overrides
-from django_exclusive_jobs.run.registry import get_job
+from django_exclusive_jobs.run.registry import Job, get_job
+from django_exclusive_jobs.run.scheduler import Scheduler
+from django_exclusive_jobs.run.schedules import Every
 
 from .test_command import manage, marker, wait_for
 from .test_operate import exclusive_jobs
@@ -180,6 +183,42 @@ def test_run_exclusive_refuses_a_misconfigured_job_in_one_line_and_leaves_no_loc
     assert listed.returncode == 0, listed.stderr
     checked = exclusive_jobs(alias, "--check")
     assert checked.returncode == 1 and f"{BAD}: misconfigured" in checked.stdout + checked.stderr
+
+
+@dataclass(frozen=True)
+class Unreachable(Every):
+    """A schedule whose slots cannot be computed (as one whose next slot is past year
+    9999): whatever the checks on a row foresaw, computing it may still fail."""
+
+    def latest_at_or_before(self, moment: dt.datetime) -> tuple[dt.datetime, dt.timedelta]:
+        raise OverflowError("date value out of range")
+
+
+def declared(name: str, alias: str) -> Job:
+    job = get_job(name)
+    assert job is not None
+    return job.but(using=alias)
+
+
+def test_a_schedule_that_cannot_be_computed_stops_only_its_job(
+    alias: str, marker: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the scheduler computes a job's slots, a failure is that job's: one line,
+    once, and the other job is served (in process: the scheduler runs to completion)."""
+    monkeypatch.setenv("MARKER", str(marker))
+    bad = replace(declared(BAD, alias), schedule=Unreachable(period=dt.timedelta(seconds=2)))
+    said: list[str] = []
+    scheduler = Scheduler(
+        [declared(GOOD, alias), bad],
+        using=alias,
+        max_runs=3,
+        run_for=60,
+        report=lambda line, normal: said.append(str(line)),
+    )
+    assert scheduler.run() == 0
+    assert scheduler.ended_runs == 3 and runs_of(alias, GOOD) == 3 and runs_of(alias, BAD) == 0
+    lines = [line for line in said if line.startswith(f"misconfigured {BAD}:")]
+    assert len(lines) == 1 and "OverflowError: date value out of range" in lines[0], said
 
 
 # --- a pause end that Python (or the driver) cannot read ---------------------------------------

@@ -561,7 +561,8 @@ class Scheduler:
         try:
             return compute(*args)
         except Exception as exc:
-            reason = overrides.Misconfigured(job.name, f"its schedule cannot be computed ({exc})")
+            said = f"its schedule cannot be computed ({type(exc).__name__}: {exc})"
+            reason = overrides.Misconfigured(job.name, said)
             self._misconfigure(job.name, reason.reason)
             return None
 
