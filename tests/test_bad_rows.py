@@ -183,6 +183,9 @@ def test_run_exclusive_refuses_a_misconfigured_job_in_one_line_and_leaves_no_loc
     assert listed.returncode == 0, listed.stderr
     checked = exclusive_jobs(alias, "--check")
     assert checked.returncode == 1 and f"{BAD}: misconfigured" in checked.stdout + checked.stderr
+    coming = exclusive_jobs(alias, "next", BAD)
+    assert coming.returncode == 2 and len(coming.stderr.strip().splitlines()) == 1, coming
+    assert "misconfigured" in coming.stderr and "Traceback" not in coming.stderr
 
 
 @dataclass(frozen=True)

@@ -405,13 +405,18 @@ def usable_schedule(spec: Any) -> dict[str, Any]:
     return spec
 
 
-def job_in_force(name: str, *, using: str) -> Job:
-    """The declared job ``name`` as it runs now (one query)."""
+def job_in_force(name: str, *, using: str, strict: bool = False) -> Job:
+    """The declared job ``name`` as it runs now (one query). If its override cannot be
+    used (:class:`Misconfigured`): the job as its code declares it, so that the forms
+    that put it right (pause, override) start from there; ``strict``: Misconfigured
+    (``exclusive_jobs next`` shows no slot that would not run)."""
     from .registry import get_job
 
     job = get_job(name)
     assert job is not None
     try:
         return in_force(job, _state(name, using))
-    except Misconfigured:  # its override cannot be used: the forms start from the code
+    except Misconfigured:
+        if strict:
+            raise
         return job
