@@ -43,6 +43,7 @@ class Health(models.TextChoices):
     order), else ``paused``, ``interrupted``, ``never ran`` or ``ok``."""
 
     PAUSED = "paused"
+    MISCONFIGURED = "misconfigured"
     PAUSED_AFTER_FAILURES = "paused after failures"
     STALE_LOCK = "stale lock"
     RUNNING_LONG = "running long"
@@ -99,6 +100,9 @@ class JobHealth:
     schedulers: int | None = None  # alive schedulers serving it; None: no known one does
     requests: list[RunRequest] = field(default_factory=list)  # run now / backfill, waiting
     recent: list[JobRun] = field(default_factory=list)  # its last runs, newest first
+    # Why its operator row cannot be used (overrides.Misconfigured): its runs are not
+    # started until it is put right; "" when it can.
+    misconfigured: str = ""
     badge: str = Health.OK
     problems: list[str] = field(default_factory=list)
     kinds: list[Health] = field(default_factory=list)  # each problem's kind, in order
@@ -266,7 +270,7 @@ def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
         state = states.get(name)
         if state is not None:
             _read_state(health, job, state, now)
-            job = overrides.in_force(job, state) if job is not None else None
+            job = _in_force(health, job, state, now) if job is not None else None
         if any(row.serves(name) for row in schedulers):
             health.schedulers = sum(row.serves(name) for row in alive)
         if job is not None:
@@ -340,13 +344,34 @@ def _read_state(health: JobHealth, job: Job | None, state: JobState, now: dt.dat
         health.override_reason = state.override_reason
 
 
+def _in_force(health: JobHealth, job: Job, state: JobState, now: dt.datetime) -> Job:
+    """The job as its override has it run, if the override can be used and its schedule
+    computed; else the job as declared, and ``health.misconfigured`` says why."""
+    if not state.override:
+        return job
+    try:
+        return overrides.tried(overrides.in_force(job, state), now)
+    except overrides.Misconfigured as exc:
+        health.misconfigured = exc.reason
+        return job
+
+
 def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None:
     health.arguments = describe_arguments(job.kwargs)
     if job.schedule is None:
         health.schedule = "no schedule"
         return
-    health.schedule, health.timezone = schedule_in_words(job.schedule)
-    health.upcoming = upcoming(job, now, slots)
+    try:
+        health.schedule, health.timezone = schedule_in_words(job.schedule)
+        if health.misconfigured:
+            return  # no slot of its is started: none is shown coming
+        health.upcoming = upcoming(job, now, slots)
+    except Exception as exc:  # a slot out of range, a few slots on: still the job's problem
+        said = f"its schedule cannot be computed ({type(exc).__name__}: {exc})"
+        failed = overrides.Misconfigured(job.name, said)
+        health.misconfigured = health.misconfigured or failed.reason
+        health.upcoming = []
+        return
     health.next_slot = health.upcoming[0].slot
     last = health.last_run
     if job.task is not None and last is not None and last.task_result_id:
@@ -356,6 +381,9 @@ def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None
 def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedulers: bool) -> None:
     """Set the badge and one line per problem: the one definition of a job's health."""
     found: list[tuple[Health, str]] = []
+    if health.misconfigured:
+        said = f"{health.misconfigured}; its runs are not started until it is fixed"
+        found.append((Health.MISCONFIGURED, said))
     if health.paused and health.paused_by == AUTO_PAUSER:
         found.append((Health.PAUSED_AFTER_FAILURES, health.pause_reason))
     if health.lock_state == LockState.STALE:
@@ -368,7 +396,9 @@ def _judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedul
                 f"{float(app_settings.RUNNING_LONG_FACTOR):g}x its median of {health.median:.1f}s",
             )
         )
-    unrun = None if job is None or health.paused else _unrun_slot(health, job, now)
+    unrun = None
+    if job is not None and not health.paused and not health.misconfigured:
+        unrun = _unrun_slot(health, job, now)
     if unrun is not None and uses_schedulers and not health.served:
         found.append(
             (

@@ -52,6 +52,7 @@ EVENTS = {
     "backfill": "a backfill's plan, progress or result",
     "override": "a scheduler runs a job as an operator overrode it, or back as its code says",
     "paused": "a job was paused by the app: its last runs failed (pause_after=N)",
+    "misconfigured": "a job's operator row cannot be used: its runs wait until it is put right",
 }
 
 # EXCLUSIVE_JOBS["LOG_FORMAT"]: what the commands print.

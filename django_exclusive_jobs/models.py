@@ -37,6 +37,7 @@ from django.utils.translation import gettext_lazy as _
 from .lock.clock import DatabaseNow, SecondsBetween, now_plus
 from .lock.sql import holder_name
 from .run.status import RunStatus
+from .values import EARLIEST, LATEST
 
 MEDIAN_SAMPLE = 20  # successful runs a job's median duration is taken over
 MEDIAN_DAYS = dt.timedelta(days=7)  # ... among those of the last week
@@ -681,8 +682,37 @@ class Scheduler(models.Model):
 def pause_in_force(now: dt.datetime | DatabaseNow) -> Q:
     """The one rule for "paused" at ``now`` (database time: a value, or ``DatabaseNow()``
     in a query), as a filter on JobState: a pause with an end is over from then.
-    :meth:`JobState.paused_now` applies it to a row already read."""
-    return Q(paused=True) & (Q(paused_until__isnull=True) | Q(paused_until__gt=now))
+    :meth:`JobState.paused_now` applies it to a row already read. An end out of range
+    (:class:`PauseEndField`) is read as none: paused until resumed, here too."""
+    ends = Q(paused_until__isnull=True) | Q(paused_until__gt=now)
+    return Q(paused=True) & (ends | Q(paused_until__lt=EARLIEST))
+
+
+class PauseEndField(models.DateTimeField):  # type: ignore[type-arg]
+    """A pause's end, read through SQL that gives NULL for an end outside
+    [``values.EARLIEST``, ``values.LATEST``]: the door (``values.moment``) lets in
+    nothing else, but a row written by an older version or by SQL may hold one (on
+    PostgreSQL a BC or year-10000 timestamp, which the driver cannot even read; on
+    SQLite any text). Such an end reads as none: paused until resumed (the pause is kept,
+    which is safer than ending it). Compared in SQL, so no statement is added and the
+    driver never sees the value; migration 0012 clears those already there."""
+
+    def select_format(self, compiler: Any, sql: str, params: Any) -> tuple[str, Any]:
+        sql, params = super().select_format(compiler, sql, params)
+        return in_range_sql(compiler.connection.vendor, sql), params
+
+
+def in_range_sql(vendor: str, column: str) -> str:
+    """``column`` (a pause's end) as SQL that is NULL when the end is out of range."""
+    earliest = EARLIEST.strftime("%Y-%m-%d %H:%M:%S")
+    latest = LATEST.strftime("%Y-%m-%d %H:%M:%S")
+    if vendor == "sqlite":  # text: datetime() is NULL for text that is no time
+        checked = f"datetime({column})"
+    elif vendor == "postgresql":
+        checked, earliest, latest = column, f"{earliest}+00", f"{latest}+00"
+    else:
+        checked = column
+    return f"CASE WHEN {checked} BETWEEN '{earliest}' AND '{latest}' THEN {column} END"
 
 
 class JobState(models.Model):
@@ -700,7 +730,7 @@ class JobState(models.Model):
     paused_at = models.DateTimeField(_("paused at"), null=True, blank=True)
     paused_by = models.CharField(_("paused by"), max_length=255, blank=True)
     pause_reason = models.TextField(_("why it is paused"), blank=True)
-    paused_until = models.DateTimeField(
+    paused_until = PauseEndField(
         _("paused until"),
         null=True,
         blank=True,

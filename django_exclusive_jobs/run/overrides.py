@@ -32,6 +32,7 @@ from ..lock.clock import DatabaseNow
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 from ..lock.validation import validate_timeout
+from ..values import printable
 from . import audit
 from .catchup import OVERLAPS
 from .registry import Job
@@ -98,7 +99,7 @@ def describe(setting: str, value: Any) -> str:
 
 def describe_all(override: dict[str, Any]) -> str:
     """Every overridden setting in words, in the order of :data:`SETTINGS`."""
-    said = [describe(key, override[key]) for key in SETTINGS if key in override]
+    said = [_described(key, override[key]) for key in SETTINGS if key in override]
     return ", ".join(said)
 
 
@@ -166,29 +167,110 @@ def apply(job: Job, override: dict[str, Any]) -> Job:
     return replace(job, **changes)
 
 
+class Misconfigured(LockConfigurationError):
+    """A job's operator row cannot be used: its override holds a value out of range
+    (written before the door checked it, by an older version or by SQL), or a schedule
+    that cannot be computed. The job's problem, never its scheduler's: its runs are not
+    started until the row is put right (Back to the code)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, printable(reason, limit=300)
+        super().__init__(f"{name} is misconfigured: {self.reason}")
+
+
 def in_force(job: Job, state: JobState | None) -> Job:
-    """``job`` as it runs now: its declaration, and over it the operators' override."""
-    return apply(job, state.override) if state is not None and state.override else job
+    """``job`` as it runs now: its declaration, and over it the operators' override.
+    :class:`Misconfigured` if the override cannot be used (see :func:`usable`)."""
+    if state is None or not state.override:
+        return job
+    try:
+        return apply(job, usable(job, state.override))
+    except Misconfigured:
+        raise
+    except Exception as exc:  # any value the checks above missed: still the job's problem
+        raise Misconfigured(job.name, f"its override cannot be applied ({_why(exc)})") from None
+
+
+def usable(job: Job, override: Any) -> dict[str, Any]:
+    """``override`` (a row's, read from the database) if every value in it is one the
+    door lets in today (``values.py``: the same bounds), else :class:`Misconfigured`
+    naming the first that is not. Only the values: a schedule is tried where it is
+    computed (the scheduler, the pages), as that costs a walk of the cron expression."""
+    from .. import values
+
+    def bad(what: str, exc: Exception) -> Misconfigured:
+        return Misconfigured(job.name, f"its override's {what}: {_why(exc)}")
+
+    if not isinstance(override, dict):
+        raise Misconfigured(job.name, "its override is not a JSON object")
+    if override.get("schedule"):
+        try:
+            usable_schedule(override["schedule"])
+        except (LockConfigurationError, TypeError, ValueError) as exc:
+            raise bad("schedule", exc) from None
+    if override.get("timeout") is not None:
+        try:
+            values.duration(override["timeout"], what="timeout", positive=True)
+        except (LockConfigurationError, TypeError, ValueError) as exc:
+            raise bad("timeout", exc) from None
+    if "kwargs" in override and not isinstance(override["kwargs"], dict):
+        raise Misconfigured(job.name, "its override's arguments are not a JSON object")
+    return override
+
+
+def tried(job: Job, now: dt.datetime) -> Job:
+    """``job`` (in force) if its schedule can be computed around ``now``: its slot, the
+    next one, their starts. :class:`Misconfigured` otherwise (a cron expression with no
+    slot, a date out of range)."""
+    schedule = job.schedule
+    if schedule is None:
+        return job
+    try:
+        slot, _ = schedule.latest_at_or_before(now)
+        job.start_of(slot)
+        job.start_of(schedule.next_after(now))
+        schedule.early_allowance(now)
+    except Exception as exc:
+        raise Misconfigured(job.name, f"its schedule cannot be computed ({_why(exc)})") from None
+    return job
+
+
+def _why(exc: BaseException) -> str:
+    said = str(exc).rstrip(".")
+    return said if isinstance(exc, LockConfigurationError) else f"{type(exc).__name__}: {said}"
 
 
 def drift(job: Job | None, state: JobState) -> list[dict[str, str]]:
     """Each overridden setting: what is in force, what the code said when it was
     overridden, and what it says now (``changed``: the code moved since)."""
     now = code_of(job) if job is not None else {}
+    override = state.override if isinstance(state.override, dict) else {}
+    said = state.code if isinstance(state.code, dict) else {}
     found = []
     for setting in SETTINGS:
-        if setting not in state.override:
+        if setting not in override:
             continue
-        then = state.code.get(setting)
+        then = said.get(setting)
         found.append(
             {
                 "setting": setting,
-                "value": describe(setting, state.override[setting]),
-                "code": describe(setting, now.get(setting, then)),
+                "value": _described(setting, override[setting]),
+                "code": _described(setting, now.get(setting, then)),
                 "changed": "yes" if job is not None and now.get(setting) != then else "",
             }
         )
     return found
+
+
+def _described(setting: str, value: Any) -> str:
+    """:func:`describe`, or the value as JSON if it is none that describe knows (a row
+    an older version or SQL wrote)."""
+    try:
+        return describe(setting, value)
+    except Exception:
+        from ..values import printable
+
+        return printable(json.dumps(value, sort_keys=True, default=str), limit=200)
 
 
 def override(
@@ -368,15 +450,44 @@ def replaced_slots(
         return None
     if since >= changed:
         return None
-    schedule = make(state.schedule_before, None)
-    said = describe("schedule", state.schedule_before)
-    return replaced(schedule, said, since, changed, min(changed, now), state.last_pause(now))
+    try:  # the schedule of a bad override now gone (Back to the code): none recorded
+        schedule = make(usable_schedule(state.schedule_before), None)
+        said = describe("schedule", state.schedule_before)
+        pause = state.last_pause(now)
+        return replaced(schedule, said, since, changed, min(changed, now), pause)
+    except (LockConfigurationError, ArithmeticError, TypeError, ValueError, LookupError):
+        return None
 
 
-def job_in_force(name: str, *, using: str) -> Job:
-    """The declared job ``name`` as it runs now (one query)."""
+def usable_schedule(spec: Any) -> dict[str, Any]:
+    """A schedule's spec read from a row, if its values are in range (else
+    LockConfigurationError, TypeError or ValueError)."""
+    from .. import values
+
+    if not isinstance(spec, dict) or not spec.keys() <= {"cron", "every", "timezone"}:
+        raise LockConfigurationError("it is not a schedule")
+
+    if spec.get("every") is not None:
+        values.duration(spec["every"], what="every", least=dt.timedelta(seconds=1))
+    if spec.get("cron") is not None:
+        values.cron(spec["cron"])
+    if spec.get("timezone") is not None:
+        values.zone(spec["timezone"])
+    return spec
+
+
+def job_in_force(name: str, *, using: str, strict: bool = False) -> Job:
+    """The declared job ``name`` as it runs now (one query). If its override cannot be
+    used (:class:`Misconfigured`): the job as its code declares it, so that the forms
+    that put it right (pause, override) start from there; ``strict``: Misconfigured
+    (``exclusive_jobs next`` shows no slot that would not run)."""
     from .registry import get_job
 
     job = get_job(name)
     assert job is not None
-    return in_force(job, _state(name, using))
+    try:
+        return in_force(job, _state(name, using))
+    except Misconfigured:
+        if strict:
+            raise
+        return job

@@ -186,12 +186,23 @@ class _Statement:
         """Every column of ``model`` (with its table's name: ``qualified``), and the
         ``EXISTS`` asked for, as ``name``."""
         prefix = self.quote(model._meta.db_table) + "." if qualified else ""
-        columns = ", ".join(prefix + self.quote(f.column) for f in model._meta.concrete_fields)
+        columns = ", ".join(
+            self.read(f, prefix + self.quote(f.column)) for f in model._meta.concrete_fields
+        )
         if exists is not None:
             attribute, conditions = exists
             found = f"SELECT 1 FROM {self.table} WHERE {self.where(conditions)}"
             columns += f", EXISTS({found}) AS {self.quote(attribute)}"
         return columns
+
+    def read(self, field: Any, column: str) -> str:
+        """``column`` as the ORM selects it: a pause's end through its range check
+        (``models.PauseEndField``), any other column as it is."""
+        from ..models import PauseEndField, in_range_sql
+
+        if isinstance(field, PauseEndField):
+            return in_range_sql(self.connection.vendor, column)
+        return column
 
     def order(self, order: tuple[str, ...]) -> str:
         if not order:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import logs
 from ..lock.acquire import prepare_locks
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ..models import RunRequest
 
 logger = logging.getLogger("django_exclusive_jobs")
+_T = TypeVar("_T")
 
 CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
 REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
@@ -121,6 +122,9 @@ class Scheduler:
         self.declared = {job.name: job for job in jobs}
         self.jobs = dict(self.declared)
         self.applied: dict[str, dict[str, Any]] = {}
+        # Jobs whose operator row cannot be used (overrides.Misconfigured): why. Their
+        # runs are not started until the row is put right; the others go on.
+        self.misconfigured: dict[str, str] = {}
         # Switches that let a test (or a one-off) drive it to completion: stop once
         # ``max_runs`` runs started here have ended, or after ``run_for`` seconds.
         self.max_runs = max_runs
@@ -247,7 +251,8 @@ class Scheduler:
         (their schedule was overridden), else every job."""
         from ..models import JobRun
 
-        names = list(self.jobs) if names is None else names
+        chosen = list(self.jobs) if names is None else names
+        names = [name for name in chosen if name not in self.misconfigured]
         for name in names:
             self.handed.pop(name, None)
         latest = {run.name: run for run in JobRun.objects.using(self.using).newest_attempts(names)}
@@ -255,13 +260,15 @@ class Scheduler:
         for name in names:
             job = self.jobs[name]
             assert job.schedule is not None
-            previous, _ = job.schedule.latest_at_or_before(now)
-            following = job.start_of(job.schedule.next_after(now))
+            found = self._computed(job, _around, job, now)
+            if found is None:
+                continue
+            previous, following, previous_start = found
             last = latest.get(name)
             last_slot = last.slot if last is not None else None
             unrun = last_slot is None or last_slot < previous
-            if unrun and job.start_of(previous) > now:
-                self.due[name] = job.start_of(previous)
+            if unrun and previous_start > now:
+                self.due[name] = previous_start
             elif last_slot is not None and last_slot < previous:
                 self.due[name] = now
             elif last is not None and last.retry_at is not None and job.retries:
@@ -344,14 +351,17 @@ class Scheduler:
             return {}
         bursts: dict[dt.datetime, dict[str, dt.datetime]] = {}
         running: dict[dt.datetime, dict[str, dt.datetime]] = {}  # due here, running here
-        for name, due in self.due.items():
+        for name, due in list(self.due.items()):
             job = self.jobs[name]
             if due > now or name in self.handed or job.schedule is None:
                 continue
             if self.first_for.get(name) == due:  # placed already (it waits for room here)
                 continue
-            slot = job.schedule.latest_at_or_before(due)[0]
-            if job.start_of(slot) == due:
+            found = self._computed(job, _slot_and_start, job, due)
+            if found is None:
+                continue
+            slot, start = found
+            if start == due:
                 (running if name in self.running else bursts).setdefault(due, {})[name] = slot
         later: dict[str, dt.datetime | None] = {}
         for due, slots in bursts.items():
@@ -391,10 +401,12 @@ class Scheduler:
         its next slot, unless its policy has it look again (retries, a buffering
         overlap): then it starts as usual, and decides."""
         slots = {}
-        for name, due in waited.items():
-            schedule = self.jobs[name].schedule
-            assert schedule is not None
-            slots[name] = schedule.latest_at_or_before(due)[0]
+        for name, due in list(waited.items()):
+            found = self._computed(self.jobs[name], _slot_and_start, self.jobs[name], due)
+            if found is None:
+                del waited[name]
+                continue
+            slots[name] = found[0]
         heads = {name: self.heads.pop(name, (name, slots[name], None)) for name in waited}
         looked = {head: slot for head, slot, _ in heads.values()}
         try:
@@ -486,6 +498,8 @@ class Scheduler:
                 continue
             if len(self.running) >= self.max_concurrent:
                 return
+            if request.name in self.misconfigured:
+                continue  # waits until its row is put right
             if request.name not in self.running:
                 self._start(self.on_request[request.name], self.clock.now(), request=request)
 
@@ -493,7 +507,8 @@ class Scheduler:
         """Wake each job as its operators override it now (one query, at each poll); a
         job whose schedule changed is due again from its new schedule. Each run reads
         the override again itself, with the pause (``Run._in_force``): it is given the
-        job as declared."""
+        job as declared. A row that cannot be used makes its job misconfigured
+        (:meth:`_misconfigure`) until it changes; one put right is served again."""
         names = sorted(set(self.declared) | set(self.on_request))
         states = overrides.read(names, using=self.using)
         moved = []
@@ -504,27 +519,67 @@ class Scheduler:
                 continue
             before = self.applied.get(name, {})
             self.applied[name] = override
-            what = overrides.describe_all(override)
+            what = overrides.describe_all(override) if isinstance(override, dict) else "?"
             said = (
                 f"{name}: overridden ({logs.given(what)})"
                 if override
                 else f"{name}: back to its code"
             )
             self.say(line("override", said, job_name=name))
+            declared = self.declared.get(name) or self.on_request[name]
+            try:
+                job = overrides.tried(overrides.in_force(declared, state), self.clock.now())
+            except overrides.Misconfigured as exc:
+                self._misconfigure(name, exc.reason)
+                continue
+            was_misconfigured = self.misconfigured.pop(name, None) is not None
+            if was_misconfigured:
+                said = f"{name}: fixed, served again"
+                self.say(line("misconfigured", said, job_name=name, status="fixed"))
             if name in self.declared:
-                self.jobs[name] = overrides.in_force(self.declared[name], state)
-                if override.get("schedule") != before.get("schedule") and self.began:
+                self.jobs[name] = job
+                schedule_moved = override.get("schedule") != before.get("schedule")
+                if (schedule_moved or was_misconfigured) and self.began:
                     moved.append(name)
         if moved:
             self._first_due(moved)
+
+    def _misconfigure(self, name: str, reason: str) -> None:
+        """``name``'s row cannot be used (or its schedule computed): its problem only.
+        One line, once; it is not due until its row changes (:meth:`_read_overrides`)."""
+        self.due.pop(name, None)
+        self.handed.pop(name, None)
+        self.heads.pop(name, None)
+        self.first_for.pop(name, None)
+        if name in self.misconfigured:
+            return
+        self.misconfigured[name] = reason
+        said = f"misconfigured {name}: {reason}; its runs are not started until it is fixed"
+        self.say(line("misconfigured", said, job_name=name, status="misconfigured"), False)
+
+    def _computed(self, job: Job, compute: Callable[..., _T], *args: Any) -> _T | None:
+        """``compute(*args)``, a computation of ``job``'s schedule; None if it fails (any
+        exception: a row that an older version wrote may hold what no check foresaw),
+        which makes the job misconfigured. Only such computations go through here, not
+        the scheduler's own work: a bug of the scheduler still shows."""
+        try:
+            return compute(*args)
+        except Exception as exc:
+            said = f"its schedule cannot be computed ({type(exc).__name__}: {exc})"
+            reason = overrides.Misconfigured(job.name, said)
+            self._misconfigure(job.name, reason.reason)
+            return None
 
     def _supersede(self, active: Active, due: dt.datetime) -> None:
         """``overlap="cancel_other"``: a newer slot of a job running here is due, so its
         run (of an older slot) is stopped; the newer slot starts once it has ended."""
         job, run = active.job, active.run
-        if job.overlap != "cancel_other" or job.schedule is None or run.cancelled_by:
+        schedule = job.schedule
+        if job.overlap != "cancel_other" or schedule is None or run.cancelled_by:
             return
-        slot = job.schedule.latest_at_or_before(due)[0]
+        slot = self._computed(job, lambda: schedule.latest_at_or_before(due)[0])
+        if slot is None:
+            return
         if run.slot is None or run.slot >= slot or run.lock is None:
             return
         run.cancelled_by = run.lock.holder
@@ -562,6 +617,8 @@ class Scheduler:
         """
         try:
             self._start_one(job, due, request)
+        except overrides.Misconfigured as exc:  # its row changed since the poll: its own
+            self._misconfigure(job.name, exc.reason)
         except Exception as exc:
             said = f"{job.name} not started: {type(exc).__name__}: {exc}"
             self.say(line("not_started", said, job_name=job.name, error=type(exc).__name__), False)
@@ -591,6 +648,8 @@ class Scheduler:
         except LockDatabaseError as exc:
             self._database_down(exc)  # still due: started once the database answers
             return
+        except overrides.Misconfigured:
+            raise  # see _start
         except JobLockError as exc:
             said = f"{job.name} not started: {exc}"
             self.say(line("not_started", said, job_name=job.name, error=type(exc).__name__), False)
@@ -601,8 +660,9 @@ class Scheduler:
         if run.early:  # our estimate of the database's clock was off: read it again
             self.clock_doubtful, self.next_beat = True, 0.0
         if isinstance(started, RunResult):  # skipped, or stopped before the claim
-            if request is None:
-                self.due[job.name] = self._after_skip(job, started, max(now, due))
+            again = self._after_skip(job, started, max(now, due)) if request is None else None
+            if again is not None:
+                self.due[job.name] = again
             if run.stop_asked and job.schedule is not None:
                 # cancel_other: the older run was asked to stop; look again in a moment.
                 slot = job.schedule.latest_at_or_before(due)[0]
@@ -635,20 +695,22 @@ class Scheduler:
         if request is None and when is not None and job.name in self.due:
             self.due[job.name] = when
 
-    @staticmethod
-    def _following(job: Job, moment: dt.datetime) -> dt.datetime | None:
-        """When the next slot after ``moment`` starts (with its jitter)."""
-        if job.schedule is None:
+    def _following(self, job: Job, moment: dt.datetime) -> dt.datetime | None:
+        """When the next slot after ``moment`` starts (with its jitter); None without a
+        schedule, or if it cannot be computed (the job is then misconfigured)."""
+        schedule = job.schedule
+        if schedule is None:
             return None
-        return job.start_of(job.schedule.next_after(moment))
+        return self._computed(job, lambda: job.start_of(schedule.next_after(moment)))
 
-    def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime:
+    def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime | None:
         """When to try again after a skip: the next slot's start. With ``retries`` or a
         buffering ``overlap``, sooner: when the slot's pending retry is due, or when the
         holder's lease ends (its run may fail and be retried, or its server may have
         died: its run is then lost, and retried, or the slot that came during it is run)."""
         following = self._following(job, now)
-        assert following is not None
+        if following is None:  # misconfigured: not due
+            return None
         if result.retry_at is not None:
             return min(max(result.retry_at, now), following)
         until = result.held_until
@@ -736,6 +798,21 @@ class Scheduler:
         scheduler."""
         said.fields.setdefault("scheduler", self.name)
         logs.say(self.report, said, normal=normal)
+
+
+def _around(job: Job, now: dt.datetime) -> tuple[dt.datetime, dt.datetime, dt.datetime]:
+    """``job``'s latest slot at or before ``now``, its next slot's start, and its latest
+    slot's start (``_first_due``)."""
+    assert job.schedule is not None
+    previous, _ = job.schedule.latest_at_or_before(now)
+    return previous, job.start_of(job.schedule.next_after(now)), job.start_of(previous)
+
+
+def _slot_and_start(job: Job, due: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """The slot of ``job`` at or before ``due``, and when it starts (its jitter)."""
+    assert job.schedule is not None
+    slot = job.schedule.latest_at_or_before(due)[0]
+    return slot, job.start_of(slot)
 
 
 def _beat_seconds() -> float:

@@ -228,7 +228,7 @@ class Command(JobCommand):
             sys.exit(done.exit_code)
 
     def _next(self, name: str, using: str, options: dict[str, Any]) -> None:
-        job = overrides.job_in_force(name, using=using)  # an operator's schedule, if any
+        job = overrides.job_in_force(name, using=using, strict=True)  # an operator's, if any
         now = run_statement(using, lambda: database_now(using))
         slots = preview.upcoming(job, now, options["count"] or NEXT_SLOTS)
         schedule = job.schedule.describe() if job.schedule else None
