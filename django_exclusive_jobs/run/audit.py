@@ -8,13 +8,16 @@ own admin log for what is done there. The job's page shows its changes, newest f
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..lock.clock import DatabaseNow
+from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 
 if TYPE_CHECKING:
-    from ..models import JobChange
+    from ..models import JobChange, JobState
 
 SHOWN = 20  # the changes a job's page shows
 
@@ -54,3 +57,44 @@ def changes(name: str, *, using: str, limit: int = SHOWN) -> list[JobChange]:
 
     rows = JobChange.objects.using(using).filter(name=name).order_by("-at", "-id")[:limit]
     return run_statement(using, lambda: list(rows))
+
+
+class Stale(LockConfigurationError):
+    """A form's save over a state that has changed since it was opened."""
+
+
+def refuse_if_changed(
+    name: str,
+    expected: str,
+    *,
+    version: Callable[[JobState | None], str],
+    actions: Sequence[str],
+    did: Callable[[JobChange], str],
+    using: str,
+) -> None:
+    """In the write's transaction: lock ``name``'s row (a write: SQLite too), then refuse
+    (:class:`Stale`, nothing written) if its ``version`` is no longer ``expected``,
+    saying who last did one of ``actions`` (``did``: what, in words), when and why."""
+    from django.db.models import F
+
+    from .. import values
+    from ..models import JobChange, JobState
+
+    rows = JobState.objects.using(using).filter(name=name)
+    rows.update(name=F("name"))  # the row's lock, until the transaction ends
+    if version(rows.first()) == expected:
+        return
+    found = JobChange.objects.using(using).filter(name=name, action__in=actions)
+    change = found.order_by("-at", "-id").first()
+    said = "it changed"
+    if change is not None:
+        why = f": {change.reason}" if change.reason else ""
+        at = change.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        said = f"{change.by} {did(change)} at {at} UTC{why}"
+    raise Stale(
+        values.printable(
+            f"Not saved: since this form was opened, {said}. Open it again to see what is "
+            "in force now, then save your change over it.",
+            limit=values.SHOWN_LENGTH,
+        )
+    )

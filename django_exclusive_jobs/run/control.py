@@ -110,33 +110,16 @@ def pause_version_of(name: str, *, using: str) -> str:
 
 
 def _pause_still(name: str, expected: str, using: str) -> None:
-    """In the write's transaction: lock ``name``'s row, then refuse (``Stale``, nothing
-    written) if its pause changed since ``expected``: who paused or resumed it, when."""
-    from django.db.models import F
+    """In the write's transaction: refuse (``Stale``, nothing written) if ``name``'s pause
+    changed since ``expected`` (``audit.refuse_if_changed``)."""
+    from ..models import JobChange
 
-    from .. import values
-    from ..models import JobChange, JobState
-    from .overrides import Stale
+    def did(change: JobChange) -> str:
+        return "paused it" if change.action == JobChange.Action.PAUSE else "resumed it"
 
-    rows = JobState.objects.using(using).filter(name=name)
-    rows.update(name=F("name"))  # the row's lock, until the transaction ends
-    if pause_version(rows.first()) == expected:
-        return
     actions = [JobChange.Action.PAUSE, JobChange.Action.RESUME]
-    changes = JobChange.objects.using(using).filter(name=name, action__in=actions)
-    change = changes.order_by("-at", "-id").first()
-    said = "its pause changed"
-    if change is not None:
-        did = "paused it" if change.action == JobChange.Action.PAUSE else "resumed it"
-        why = f": {change.reason}" if change.reason else ""
-        at = change.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-        said = f"{change.by} {did} at {at} UTC{why}"
-    raise Stale(
-        values.printable(
-            f"Not saved: since this form was opened, {said}. Open it again to see what is "
-            "in force now.",
-            limit=values.SHOWN_LENGTH,
-        )
+    audit.refuse_if_changed(
+        name, expected, version=pause_version, actions=actions, did=did, using=using
     )
 
 

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from .. import values
 from ..lock.clock import DatabaseNow
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
@@ -359,8 +358,7 @@ def back_to_code(
     return True
 
 
-class Stale(LockConfigurationError):
-    """A form's save over a state that has changed since it was opened."""
+Stale = audit.Stale
 
 
 def version(state: JobState | None) -> str:
@@ -388,38 +386,17 @@ def _row(name: str, using: str) -> None:
 
 
 def _still(name: str, expected: str, using: str) -> None:
-    """In the write's transaction: lock ``name``'s row (a write: SQLite too), then
-    refuse (:class:`Stale`, nothing written) if it changed since ``expected``."""
-    from django.db.models import F
+    """In the write's transaction: refuse (:class:`Stale`, nothing written) if ``name``'s
+    override changed since ``expected`` (``audit.refuse_if_changed``)."""
+    from ..models import JobChange
 
-    from ..models import JobChange, JobState
+    def did(change: JobChange) -> str:
+        if change.action == JobChange.Action.BACK_TO_CODE:
+            return "put it back to the code"
+        return f"overrode it ({describe_all(change.after)})"
 
-    rows = JobState.objects.using(using).filter(name=name)
-    rows.update(name=F("name"))  # the row's lock, until the transaction ends
-    if version(rows.first()) == expected:
-        return
     actions = [JobChange.Action.OVERRIDE, JobChange.Action.BACK_TO_CODE]
-    change = (
-        JobChange.objects.using(using)
-        .filter(name=name, action__in=actions)
-        .order_by("-at", "-id")
-        .first()
-    )
-    if change is None:
-        said = "its override changed"
-    else:
-        what = describe_all(change.after) if change.action == JobChange.Action.OVERRIDE else ""
-        did = f"overrode it ({what})" if what else "put it back to the code"
-        why = f": {change.reason}" if change.reason else ""
-        at = change.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-        said = f"{change.by} {did} at {at} UTC{why}"
-    raise Stale(
-        values.printable(
-            f"Not saved: since this form was opened, {said}. Open it again to see what is "
-            f"in force now, then save your change over it.",
-            limit=values.SHOWN_LENGTH,
-        )
-    )
+    audit.refuse_if_changed(name, expected, version=version, actions=actions, did=did, using=using)
 
 
 def _state(name: str, using: str) -> JobState | None:
