@@ -70,6 +70,10 @@ from .fuzz_strategies import EITHER, INVALID, VALID, Verdict
 from .test_command import ROOT, command_env, wait_for
 from .test_scheduler import scheduler_env, schedulers, start_scheduler
 
+# Run in the README suite on every database; the Django 6.x stages of CI leave them out
+# (the doors themselves are checked there by tests/test_doors.py).
+pytestmark = pytest.mark.slow
+
 __all__ = ["schedulers"]  # a fixture
 
 # --- how many examples ---------------------------------------------------------------------
