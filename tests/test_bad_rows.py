@@ -25,6 +25,7 @@ from django.test.utils import override_settings
 from django.urls import reverse
 
 from django_exclusive_jobs.lock.clock import database_now
+from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.models import JobLock, JobRun, JobState
 from django_exclusive_jobs.run import overrides
 from django_exclusive_jobs.run.registry import Job, get_job
@@ -238,7 +239,12 @@ BAD_ENDS = {
 
 
 def write_pause_end(alias: str, end: str) -> None:
-    """A pause whose end is out of range, as a raw UPDATE writes it."""
+    """A pause whose end is out of range, as a raw UPDATE writes it; retried as the app
+    retries a statement (under a running scheduler SQLite may answer "database is locked")."""
+    run_statement(alias, lambda: _write_pause_end(alias, end))
+
+
+def _write_pause_end(alias: str, end: str) -> None:
     JobState.objects.using(alias).update_or_create(
         name=BAD, defaults={"paused": True, "paused_by": "old", "pause_reason": "old"}
     )
