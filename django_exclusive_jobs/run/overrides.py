@@ -64,8 +64,13 @@ def schedule_spec(schedule: Schedule | None) -> dict[str, Any] | None:
     return None
 
 
-def make(spec: dict[str, Any], tolerance: dt.timedelta | None) -> Schedule:
-    """The schedule ``spec`` says, with the job's slot tolerance."""
+def make(spec: Any, tolerance: dt.timedelta | None) -> Schedule:
+    """The schedule ``spec`` says (typed, or read from a row), with the job's slot
+    tolerance; each value through its one check (``make_schedule``: values.duration,
+    values.cron, values.zone), else LockConfigurationError."""
+    keys = {"cron", "every", "timezone"}
+    if not isinstance(spec, dict) or not spec.keys() <= keys or not spec.keys() - {"timezone"}:
+        raise LockConfigurationError("A schedule is a cron expression or an interval.")
     built = make_schedule(
         every=spec.get("every"),  # seconds, as stored
         cron=spec.get("cron"),
@@ -120,11 +125,7 @@ def check(job: Job, changes: dict[str, Any]) -> dict[str, Any]:
     if "schedule" in changes:
         if job.schedule is None:
             raise LockConfigurationError(f"{job.name} has no schedule to override.")
-        spec = changes["schedule"]
-        if not isinstance(spec, dict) or not spec.keys() <= {"cron", "every", "timezone"}:
-            raise LockConfigurationError("A schedule is a cron expression or an interval.")
-        # Each value through its one check (values.duration, values.cron, values.zone).
-        schedule = make(spec, job.schedule.tolerance)
+        schedule = make(changes["schedule"], job.schedule.tolerance)
         checked["schedule"] = schedule_spec(schedule)
     if "kwargs" in changes:
         from .arguments import check_kwargs
@@ -193,8 +194,9 @@ def in_force(job: Job, state: JobState | None) -> Job:
 def usable(job: Job, override: Any) -> dict[str, Any]:
     """``override`` (a row's, read from the database) if every value in it is one the
     door lets in today (``values.py``: the same bounds), else :class:`Misconfigured`
-    naming the first that is not. Only the values: a schedule is tried where it is
-    computed (the scheduler, the pages), as that costs a walk of the cron expression."""
+    naming the first that is not. The schedule is built (:func:`make`: its values and
+    its cron's fields), not walked: it is tried where it is computed (the scheduler, the
+    pages), as that costs a walk of the cron expression."""
     from .. import values
 
     def bad(what: str, exc: Exception) -> Misconfigured:
@@ -204,7 +206,7 @@ def usable(job: Job, override: Any) -> dict[str, Any]:
         raise Misconfigured(job.name, "its override is not a JSON object")
     if override.get("schedule"):
         try:
-            usable_schedule(override["schedule"])
+            make(override["schedule"], None)
         except (LockConfigurationError, TypeError, ValueError) as exc:
             raise bad("schedule", exc) from None
     if override.get("timeout") is not None:
@@ -267,8 +269,6 @@ def _described(setting: str, value: Any) -> str:
     try:
         return describe(setting, value)
     except Exception:
-        from ..values import printable
-
         return printable(json.dumps(value, sort_keys=True, default=str), limit=200)
 
 
@@ -428,29 +428,12 @@ def replaced_slots(
     if since >= changed:
         return None
     try:  # the schedule of a bad override now gone (Back to the code): none recorded
-        schedule = make(usable_schedule(state.schedule_before), None)
+        schedule = make(state.schedule_before, None)
         said = describe("schedule", state.schedule_before)
         pause = state.last_pause(now)
         return replaced(schedule, said, since, changed, min(changed, now), pause)
     except (LockConfigurationError, ArithmeticError, TypeError, ValueError, LookupError):
         return None
-
-
-def usable_schedule(spec: Any) -> dict[str, Any]:
-    """A schedule's spec read from a row, if its values are in range (else
-    LockConfigurationError, TypeError or ValueError)."""
-    from .. import values
-
-    if not isinstance(spec, dict) or not spec.keys() <= {"cron", "every", "timezone"}:
-        raise LockConfigurationError("it is not a schedule")
-
-    if spec.get("every") is not None:
-        values.duration(spec["every"], what="every", least=dt.timedelta(seconds=1))
-    if spec.get("cron") is not None:
-        values.cron(spec["cron"])
-    if spec.get("timezone") is not None:
-        values.zone(spec["timezone"])
-    return spec
 
 
 def job_in_force(name: str, *, using: str, strict: bool = False) -> Job:
