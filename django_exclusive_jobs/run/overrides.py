@@ -232,8 +232,13 @@ def tried(job: Job, now: dt.datetime) -> Job:
         job.start_of(schedule.next_after(now))
         schedule.early_allowance(now)
     except Exception as exc:
-        raise Misconfigured(job.name, f"its schedule cannot be computed ({_why(exc)})") from None
+        raise uncomputable(job.name, exc) from None
     return job
+
+
+def uncomputable(name: str, exc: BaseException) -> Misconfigured:
+    """``name`` is misconfigured: computing its schedule raised ``exc``."""
+    return Misconfigured(name, f"its schedule cannot be computed ({_why(exc)})")
 
 
 def _why(exc: BaseException) -> str:

@@ -565,9 +565,7 @@ class Scheduler:
         try:
             return compute(*args)
         except Exception as exc:
-            said = f"its schedule cannot be computed ({type(exc).__name__}: {exc})"
-            reason = overrides.Misconfigured(job.name, said)
-            self._misconfigure(job.name, reason.reason)
+            self._misconfigure(job.name, overrides.uncomputable(job.name, exc).reason)
             return None
 
     def _supersede(self, active: Active, due: dt.datetime) -> None:
