@@ -367,8 +367,7 @@ def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None
             return  # no slot of its is started: none is shown coming
         health.upcoming = upcoming(job, now, slots)
     except Exception as exc:  # a slot out of range, a few slots on: still the job's problem
-        said = f"its schedule cannot be computed ({type(exc).__name__}: {exc})"
-        failed = overrides.Misconfigured(job.name, said)
+        failed = overrides.uncomputable(job.name, exc)
         health.misconfigured = health.misconfigured or failed.reason
         health.upcoming = []
         return
