@@ -60,7 +60,7 @@ ensure_venv() {
         log "installing the project with [$1] into $VENV"
         "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$1]" 2>&1 \
             | grep -v "^WARNING: Location" >&2 || true
-        "$VENV/bin/python" -c "import django_exclusive_jobs" && touch "$stamp"
+        "$VENV/bin/python" -c "import django, django_exclusive_jobs" && touch "$stamp"
     fi
 }
 
