@@ -111,8 +111,12 @@ def test_an_unknown_overlap_is_refused_with_the_message_of_old(given: object) ->
 
 
 def test_allow_all_refuses_catch_up_all_at_the_door() -> None:
-    with pytest.raises(LockConfigurationError, match="catch_up='all' does not go with it"):
+    with pytest.raises(LockConfigurationError) as raised:
         catchup.make_overlap("allow_all", CatchUp("all"))
+    assert str(raised.value) == (
+        "overlap='allow_all' runs each slot at its time: catch_up='all' does not go with it "
+        "(use catch_up='latest' or 'skip', and `exclusive_jobs backfill` for past slots)."
+    )
     assert catchup.make_overlap("allow_all", CatchUp("latest")) == AllowAll()
     assert catchup.make_overlap("buffer_all", CatchUp("all")) == BufferAll()
 

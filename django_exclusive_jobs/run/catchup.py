@@ -105,9 +105,9 @@ def make_overlap(overlap: str, catch_up: CatchUp | None = None) -> Overlap:
     policy = overlap_policy(overlap)
     if catch_up is not None and not policy.goes_with(catch_up):
         raise LockConfigurationError(
-            "overlap='allow_all' runs each slot at its time: catch_up='all' does not go "
-            "with it (use catch_up='latest' or 'skip', and `exclusive_jobs backfill` for "
-            "past slots)."
+            f"overlap={policy.name!r} runs each slot at its time: catch_up={catch_up.name!r} "
+            "does not go with it (use catch_up='latest' or 'skip', and "
+            "`exclusive_jobs backfill` for past slots)."
         )
     return policy
 
