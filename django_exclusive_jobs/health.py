@@ -284,7 +284,7 @@ def _fold_slot_locks(locks: dict[str, JobLock], declared: dict[str, Job]) -> dic
     """Take the locks of the slots of ``overlap="allow_all"`` jobs out of ``locks`` (they
     are no jobs of their own); the newest held one of each job, by job. A stale one is
     no problem of the job: the run it left is marked lost by the job's next slot."""
-    side_by_side = {name for name, job in declared.items() if job.overlap == "allow_all"}
+    side_by_side = {name for name, job in declared.items() if job.overlap.lock_per_slot}
     held: dict[str, JobLock] = {}
     for lock_name in sorted(locks):
         name, separator, _ = lock_name.rpartition(slot_locks.SEPARATOR)

@@ -27,6 +27,7 @@ from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.models import JobLock, JobRun
 from django_exclusive_jobs.run import slot_locks
 from django_exclusive_jobs.run.catchup import CatchUp, plan
+from django_exclusive_jobs.run.policies import OVERLAP
 from django_exclusive_jobs.run.registry import _jobs
 from django_exclusive_jobs.run.schedules import Every
 
@@ -53,7 +54,7 @@ def test_no_slot_comes_during_a_run_the_slots_nobody_ran_are_missed() -> None:
         CatchUp(),
         at(11, 40),
         at(8),
-        overlap="allow_all",
+        overlap=OVERLAP["allow_all"],
         ran=(at(8), at(10, 30)),
     )
     assert (result.run, result.skipped, result.missed, result.more) == (

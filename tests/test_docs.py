@@ -1503,7 +1503,7 @@ def test_scheduler_health_sample(sqlite: str) -> None:
 def test_scheduler_overlap_sample() -> None:
     load_sample("scheduler_overlap", pull_the_warehouse_feed=lambda: None)
     job = registry.get_job("sync_inventory")
-    assert job is not None and job.overlap == "buffer_one"
+    assert job is not None and job.overlap.name == "buffer_one"
 
 
 def test_scheduler_timeout_sample() -> None:

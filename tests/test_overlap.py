@@ -20,6 +20,7 @@ from django_exclusive_jobs import exclusive_job
 from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.models import JobRun
 from django_exclusive_jobs.run.catchup import CatchUp, plan
+from django_exclusive_jobs.run.policies import OVERLAP
 from django_exclusive_jobs.run.schedules import Every
 
 from .test_command import argv, command_env, launch, marker, wait_for
@@ -52,16 +53,21 @@ def test_slots_that_came_during_a_run_follow_the_overlap_policy(
     overlap: str, run: dt.datetime, skipped: list[dt.datetime], more: bool
 ) -> None:
     result = plan(
-        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap=overlap, ran=(at(8), at(10, 30))
+        EVERY_HOUR,
+        CatchUp("latest"),
+        at(11, 40),
+        at(8),
+        overlap=OVERLAP[overlap],
+        ran=(at(8), at(10, 30)),
     )
     assert (result.run, result.skipped, result.missed, result.more) == (run, skipped, [], more)
 
 
 def test_a_start_right_after_an_overrun_serves_the_slot_that_came_during_it() -> None:
     now, ran = at(10, 40), (at(8), at(10, 30))
-    skip = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="skip", ran=ran)
+    skip = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap=OVERLAP["skip"], ran=ran)
     assert (skip.run, skip.skipped) == (None, [at(9), at(10)])
-    one = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap="buffer_one", ran=ran)
+    one = plan(EVERY_HOUR, CatchUp(), now, at(8), overlap=OVERLAP["buffer_one"], ran=ran)
     assert (one.run, one.skipped, one.more) == (at(10), [at(9)], False)
 
 
@@ -71,7 +77,7 @@ def test_buffer_all_runs_at_most_the_limit_and_skips_the_older() -> None:
         CatchUp("latest", limit=2),
         at(11, 40),
         at(6),
-        overlap="buffer_all",
+        overlap=OVERLAP["buffer_all"],
         ran=(at(6), at(10, 30)),
     )
     assert (result.run, result.skipped, result.missed) == (at(9), [at(7), at(8)], [])
@@ -82,16 +88,25 @@ def test_buffer_all_runs_every_buffered_slot_one_start_after_another(policy: str
     # Every 5 min; the 10:00 run lasted until 10:17: 10:05, 10:10 and 10:15 came during it.
     every = Every(period=dt.timedelta(minutes=5))
     first = plan(
-        every, CatchUp(policy), at(10, 17), at(10), overlap="buffer_all", ran=(at(10), at(10, 17))
+        every,
+        CatchUp(policy),
+        at(10, 17),
+        at(10),
+        overlap=OVERLAP["buffer_all"],
+        ran=(at(10), at(10, 17)),
     )
     assert (first.run, first.more, first.skipped, first.missed) == (at(10, 5), True, [], [])
     # The next start (its run of 10:05 ran from 10:17 to 10:18) runs 10:10, then 10:15:
     # they came before that run began, while the 10:00 run ran.
     ran = (at(10, 17), at(10, 18))
-    second = plan(every, CatchUp(policy), at(10, 18), at(10, 5), overlap="buffer_all", ran=ran)
+    second = plan(
+        every, CatchUp(policy), at(10, 18), at(10, 5), overlap=OVERLAP["buffer_all"], ran=ran
+    )
     assert (second.run, second.more, second.skipped, second.missed) == (at(10, 10), True, [], [])
     ran = (at(10, 18), at(10, 19))
-    third = plan(every, CatchUp(policy), at(10, 19), at(10, 10), overlap="buffer_all", ran=ran)
+    third = plan(
+        every, CatchUp(policy), at(10, 19), at(10, 10), overlap=OVERLAP["buffer_all"], ran=ran
+    )
     assert (third.run, third.more, third.skipped, third.missed) == (at(10, 15), False, [], [])
 
 
@@ -105,7 +120,7 @@ def test_buffer_all_leaves_no_slot_for_later_older_than_one_it_records_missed() 
     now = at(10, 20)
     for _ in range(10):
         latest = max(slot for slot in rows if slot <= every.slot_at(now))
-        step = plan(every, CatchUp(), now, latest, overlap="buffer_all", ran=rows[latest])
+        step = plan(every, CatchUp(), now, latest, overlap=OVERLAP["buffer_all"], ran=rows[latest])
         rows.update(dict.fromkeys(step.missed + step.skipped, None))
         if step.run is None:
             break
@@ -118,7 +133,9 @@ def test_buffer_all_leaves_no_slot_for_later_older_than_one_it_records_missed() 
     assert sorted(rows) == [at(10, minute) for minute in range(0, 25, 5)]
     ran = [slot for slot, run in sorted(rows.items()) if run is not None]
     assert ran == [at(10), at(10, 5), at(10, 20)]
-    first = plan(every, CatchUp(), at(10, 20), at(10), overlap="buffer_all", ran=rows[at(10)])
+    first = plan(
+        every, CatchUp(), at(10, 20), at(10), overlap=OVERLAP["buffer_all"], ran=rows[at(10)]
+    )
     assert (first.run, first.skipped, first.missed) == (at(10, 5), [at(10, 10)], [at(10, 15)])
 
 
@@ -131,7 +148,7 @@ def test_catch_up_slots_before_a_late_run_run_before_its_buffered_ones() -> None
         CatchUp("all"),
         at(12, 5),
         at(10),
-        overlap="buffer_one",
+        overlap=OVERLAP["buffer_one"],
         ran=(at(11, 40), at(12, 5)),
     )
     assert (result.run, result.more, result.skipped, result.missed) == (at(11), True, [], [])
@@ -141,14 +158,19 @@ def test_a_slot_that_came_during_a_short_late_run_is_catch_ups_not_skipped() -> 
     # Down 09:10-11:40; catch_up="all" ran 10:00 late, from 11:59:59 to 12:00:01 (two
     # seconds: no overrun). 11:00 and 12:00 are catch-up's: run in order, not skipped.
     ran = (at(11, 59) + dt.timedelta(seconds=59), at(12) + dt.timedelta(seconds=1))
-    result = plan(EVERY_HOUR, CatchUp("all"), at(12, 1), at(10), overlap="skip", ran=ran)
+    result = plan(EVERY_HOUR, CatchUp("all"), at(12, 1), at(10), overlap=OVERLAP["skip"], ran=ran)
     assert (result.run, result.more, result.skipped, result.missed) == (at(11), True, [], [])
 
 
 def test_slots_after_the_run_ended_are_catch_ups_business() -> None:
     # The run ended at 08:30; 09:00 and 10:00 came while no server ran: missed.
     result = plan(
-        EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap="skip", ran=(at(8), at(8, 30))
+        EVERY_HOUR,
+        CatchUp("latest"),
+        at(11, 40),
+        at(8),
+        overlap=OVERLAP["skip"],
+        ran=(at(8), at(8, 30)),
     )
     assert (result.run, result.skipped, result.missed) == (at(11), [], [at(9), at(10)])
 
@@ -156,14 +178,19 @@ def test_slots_after_the_run_ended_are_catch_ups_business() -> None:
 def test_slots_before_a_late_run_started_are_catch_ups_business() -> None:
     # The 08:00 slot ran late, from 10:20 to 10:30: 09:00 and 10:00 came before it began.
     result = plan(
-        EVERY_HOUR, CatchUp("all"), at(11, 40), at(8), overlap="skip", ran=(at(10, 20), at(10, 30))
+        EVERY_HOUR,
+        CatchUp("all"),
+        at(11, 40),
+        at(8),
+        overlap=OVERLAP["skip"],
+        ran=(at(10, 20), at(10, 30)),
     )
     assert (result.run, result.skipped, result.missed) == (at(9), [], [])
 
 
 def test_a_run_with_no_known_end_leaves_its_slots_to_catch_up() -> None:
     # Its server died: a later holder closed it, with no end of its own.
-    result = plan(EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap="buffer_one")
+    result = plan(EVERY_HOUR, CatchUp("latest"), at(11, 40), at(8), overlap=OVERLAP["buffer_one"])
     assert (result.run, result.skipped, result.missed) == (at(11), [], [at(9), at(10)])
 
 

@@ -150,7 +150,7 @@ class OverrideForm(WhyForm):
         if job.schedule is None:  # only its arguments and timeout
             for name in ("cron", "timezone", "every", "overlap"):
                 del self.fields[name]
-        if job.overlap == "allow_all":  # its locks are per slot: not changed here
+        if not job.overlap.may_be_overridden:  # its locks are per slot: not changed here
             del self.fields["overlap"]
 
     def clean(self) -> dict[str, Any]:

@@ -60,10 +60,12 @@ from itertools import islice
 from .. import values
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
+from .policies import CATCH_UP, OVERLAP, CatchUp, Overlap, catch_up_class, overlap_policy
 from .schedules import Every, Schedule
 
-POLICIES = ("latest", "skip", "all")
-OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
+__all__ = ["CatchUp", "Overlap"]  # the policies, where the code has always found them
+POLICIES = tuple(CATCH_UP)  # the catch_up names
+OVERLAPS = tuple(OVERLAP)  # the names, in the order messages and choices give them
 CANCEL_WAIT = 30.0  # seconds a cancel_other start waits for the run it asked to stop
 # A job every second, down for a week, would need 600,000 rows: the newest are enough.
 MAX_RECORDED = 1000
@@ -71,15 +73,6 @@ MAX_RECORDED = 1000
 # missed-range record (an every= schedule's are counted by arithmetic, at once).
 MAX_COUNTED = 10 * MAX_RECORDED
 _TICK = dt.timedelta(microseconds=1)
-
-
-@dataclass(frozen=True)
-class CatchUp:
-    """A job's policy for missed slots (see the module docstring)."""
-
-    policy: str = "latest"
-    limit: int = 10
-    window: dt.timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -96,10 +89,7 @@ def make_catch_up(
     policy: str = "latest", limit: int = 10, window: DurationLike | None = None
 ) -> CatchUp:
     """Check the arguments of ``@exclusive_job(catch_up=..., ...)``."""
-    if policy not in POLICIES:
-        raise LockConfigurationError(
-            f"catch_up must be one of {', '.join(map(repr, POLICIES))}, not {policy!r}."
-        )
+    kind = catch_up_class(policy)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECORDED:
         raise LockConfigurationError(
             f"catch_up_limit must be a whole number from 1 to {MAX_RECORDED}, got {limit!r}."
@@ -107,24 +97,19 @@ def make_catch_up(
     window_delta = None
     if window is not None:
         window_delta = values.duration(window, what="catch_up_window")
-    return CatchUp(policy, limit, window_delta)
+    return kind(limit=limit, window=window_delta)
 
 
-def make_overlap(overlap: str, catch_up: CatchUp | None = None) -> str:
+def make_overlap(overlap: str, catch_up: CatchUp | None = None) -> Overlap:
     """Check ``@exclusive_job(overlap=...)`` (and that ``catch_up`` goes with it)."""
-    if overlap not in OVERLAPS:
+    policy = overlap_policy(overlap)
+    if catch_up is not None and not policy.goes_with(catch_up):
         raise LockConfigurationError(
-            f"overlap must be one of {', '.join(map(repr, OVERLAPS))}, not {overlap!r}."
+            f"overlap={policy.name!r} runs each slot at its time: catch_up={catch_up.name!r} "
+            "does not go with it (use catch_up='latest' or 'skip', and "
+            "`exclusive_jobs backfill` for past slots)."
         )
-    if overlap == "allow_all" and catch_up is not None and catch_up.policy == "all":
-        # "all" runs missed slots one after the other; allow_all runs each slot under
-        # its own lock, at its own time.
-        raise LockConfigurationError(
-            "overlap='allow_all' runs each slot at its time: catch_up='all' does not go "
-            "with it (use catch_up='latest' or 'skip', and `exclusive_jobs backfill` for "
-            "past slots)."
-        )
-    return overlap
+    return policy
 
 
 def plan(
@@ -135,7 +120,7 @@ def plan(
     *,
     quiet: list[tuple[dt.datetime, dt.datetime]] | None = None,
     current: dt.datetime | None = None,
-    overlap: str = "skip",
+    overlap: Overlap = OVERLAP["skip"],
     ran: tuple[dt.datetime, dt.datetime] | None = None,
     start_of: Callable[[dt.datetime], dt.datetime] | None = None,
 ) -> Plan:
@@ -165,32 +150,31 @@ def plan(
     for begin, end in quiet or ():
         due = [slot for slot in due if not begin <= slot <= end]
     start = start_of or (lambda slot: slot)
-    if overlap == "allow_all":
+    if overlap.lock_per_slot:
         ran = None  # side by side: a slot that came during a run is run like any other
-    elif overlap == "skip" and ran is not None and not _overran(schedule, last_recorded, ran):
+    elif (
+        overlap.only_overruns_count
+        and ran is not None
+        and not _overran(schedule, last_recorded, ran)
+    ):
         ran = None  # a slot came during it only because it began late: catch_up's
     # Slots whose start (with its jitter) came while the previous run ran: overlap's.
     # Under buffer_all, a previous run that began after its slot was itself buffered,
     # and the slots that came before it began were buffered with it: they run too (the
     # start that planned them wrote no row for them).
-    since = ran[0] if ran is not None and overlap != "buffer_all" else None
+    since = ran[0] if ran is not None and not overlap.counts_slots_before_run_began else None
     during = [
         slot
         for slot in due
         if ran is not None and (since is None or since < start(slot)) and start(slot) <= ran[1]
     ]
-    buffered = {"buffer_one": 1, "cancel_other": 1, "buffer_all": catch_up.limit}.get(overlap, 0)
+    buffered = overlap.slots_run_after(catch_up)
     cut = max(0, len(during) - buffered)
     skipped, buffered_slots = during[:cut], during[cut:]
     due = [slot for slot in due if slot not in during]  # missed unless catch_up runs them
-    window = catch_up.window
-    if window is None and catch_up.policy == "skip":
-        window = schedule.early_allowance(now)
+    window = catch_up.window_at(schedule, now)
     runnable = [slot for slot in due if window is None or now - start(slot) <= window]
-    if catch_up.policy == "all":
-        runnable = runnable[-catch_up.limit :]
-    else:
-        runnable = [slot for slot in runnable[-1:] if slot == current]
+    runnable = catch_up.slots_to_run(runnable, current)
     missed = [slot for slot in due if slot not in runnable]
     runnable = sorted(buffered_slots + runnable)  # oldest first: each is then the latest
     if missed:

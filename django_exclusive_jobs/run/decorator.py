@@ -16,6 +16,7 @@ from . import slot_locks
 from .arguments import check_kwargs
 from .catchup import make_catch_up, make_overlap
 from .jitter import make_jitter
+from .policies import SKIP, find_overlap
 from .registry import Job, register
 from .retries import make_retries
 from .runner import Run, RunResult
@@ -177,9 +178,9 @@ def exclusive_job(
     if changed and not scheduled:
         raise LockConfigurationError("catch_up only applies with every= or cron=.")
     policy = make_catch_up(catch_up, catch_up_limit, catch_up_window)
-    if overlap != "skip" and not scheduled:
+    if find_overlap(overlap) != SKIP and not scheduled:
         raise LockConfigurationError("overlap only applies with every= or cron=.")
-    make_overlap(overlap, policy)
+    overlapping = make_overlap(overlap, policy)
     spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
     if pause_after is not None and (
         isinstance(pause_after, bool) or not isinstance(pause_after, int) or pause_after < 1
@@ -190,8 +191,8 @@ def exclusive_job(
 
     if not isinstance(in_process, bool):
         raise LockConfigurationError(f"in_process must be True or False, not {in_process!r}.")
-    if in_process and (time_limit is not None or overlap == "cancel_other"):
-        stopper = "timeout=" if time_limit is not None else "overlap='cancel_other'"
+    if in_process and (time_limit is not None or overlapping.needs_child_process):
+        stopper = "timeout=" if time_limit is not None else f"overlap={overlapping.name!r}"
         raise LockConfigurationError(
             f"in_process=True runs the job in a thread of the scheduler, which nothing can "
             f"stop, so {stopper} could not stop it: leave in_process out (a child process) "
@@ -206,7 +207,7 @@ def exclusive_job(
         for key, (schedule, arguments) in declared.items():
             job_name = values.name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
             longest = values.NAME_LENGTH - slot_locks.LENGTH
-            if overlap == "allow_all" and len(job_name) > longest:
+            if overlapping.lock_per_slot and len(job_name) > longest:
                 raise LockConfigurationError(
                     f"With overlap='allow_all' a job's name has at most {longest} characters "
                     f"(each slot's lock adds the slot's time to it); {job_name[:40]!r}... "
@@ -232,7 +233,7 @@ def exclusive_job(
                     catch_up=policy,
                     task=task,
                     timeout=time_limit,
-                    overlap=overlap,
+                    overlap=overlapping,
                     retries=retries,
                     retry_backoff=backoff,
                     jitter=spread[key],

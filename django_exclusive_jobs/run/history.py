@@ -28,6 +28,7 @@ from ..logs import extra
 from ..values import storable
 from . import catchup, overrides, rows
 from .catchup import CatchUp
+from .policies import SKIP, Overlap
 from .retries import Retries
 from .schedules import Schedule
 from .status import RunStatus
@@ -75,7 +76,7 @@ class Look:
 
 def of_its_slot(
     schedule: Schedule | None,
-    overlap: str,
+    overlap: Overlap,
     *,
     request: RunRequest | None = None,
     backfill: dt.datetime | None = None,
@@ -85,7 +86,7 @@ def of_its_slot(
     whether any run was abandoned (:func:`claim`), and may read the job's operator row
     in the same statement (:func:`look`). Run now, backfills, jobs without a schedule
     and ``overlap="allow_all"`` close abandoned runs first."""
-    return not (overlap == "allow_all" or schedule is None or request or backfill or requested_by)
+    return not (overlap.lock_per_slot or schedule is None or request or backfill or requested_by)
 
 
 def start_time(lock: Lock, not_before: dt.datetime | None) -> dt.datetime:
@@ -126,7 +127,7 @@ def claim(
     *,
     schedule: Schedule | None = None,
     catch_up: CatchUp | None = None,
-    overlap: str = "skip",
+    overlap: Overlap = SKIP,
     retry: Retries | None = None,
     request: RunRequest | None = None,
     requested_by: str = "",
@@ -161,7 +162,7 @@ def claim(
     ``looked``: the look at the history made with ``state`` (:func:`look`), if it was.
     """
     arguments = kwargs or {}
-    side_by_side = overlap == "allow_all"
+    side_by_side = overlap.lock_per_slot
     # A start of its slot asks in its look at the history whether any run was abandoned
     # (below); every other start closes them first.
     its_slot = of_its_slot(
@@ -251,7 +252,7 @@ def claim(
             _record_skipped(lock, name, plan.skipped, latest, arguments)
             run = None if plan.run is None else _insert(lock, name, plan.run, arguments)
         if plan.run is None:
-            policy = (catch_up or CatchUp()).policy
+            policy = (catch_up or CatchUp()).name
             if plan.missed:  # the new schedule's slots: the replaced one's are not late
                 late = plan.missed[-1].isoformat()
                 why = f"slot {late} started too late (catch_up={policy}): recorded missed"
@@ -832,7 +833,7 @@ def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -
     deleted = 0
     for start in range(0, len(ids), PRUNE_BATCH):
         deleted += delete_runs(ids[start : start + PRUNE_BATCH], using=using)
-    side_by_side = [job.name for job in all_jobs() if job.overlap == "allow_all"]
+    side_by_side = [job.name for job in all_jobs() if job.overlap.lock_per_slot]
     if side_by_side:
         before = run_statement(using, lambda: database_now(using)) - older_than
         locks = prune(side_by_side, before, using=using)

@@ -34,6 +34,7 @@ from ..lock.validation import validate_timeout
 from ..values import printable
 from . import audit
 from .catchup import OVERLAPS
+from .policies import find_overlap
 from .registry import Job
 from .schedules import Cron, Every, Schedule, make_schedule
 
@@ -51,7 +52,7 @@ def code_of(job: Job) -> dict[str, Any]:
         "schedule": schedule_spec(job.schedule),
         "kwargs": job.kwargs,
         "timeout": timeout.total_seconds() if timeout is not None else None,
-        "overlap": job.overlap,
+        "overlap": job.overlap.name,
     }
 
 
@@ -138,9 +139,12 @@ def check(job: Job, changes: dict[str, Any]) -> dict[str, Any]:
         overlap = changes["overlap"]
         if job.schedule is None:
             raise LockConfigurationError(f"{job.name} has no schedule: overlap does not apply.")
-        if overlap not in OVERLAPS:
+        policy = find_overlap(overlap)
+        if policy is None:
             raise LockConfigurationError(f"overlap must be one of {', '.join(OVERLAPS)}.")
-        if "allow_all" in (overlap, job.overlap) and overlap != job.overlap:
+        if policy != job.overlap and not (
+            policy.may_be_overridden and job.overlap.may_be_overridden
+        ):
             raise LockConfigurationError(
                 "overlap='allow_all' takes a lock per slot: move a job to or from it in the "
                 "code, not here."
@@ -161,8 +165,8 @@ def apply(job: Job, override: dict[str, Any]) -> Job:
     if "timeout" in override:
         timeout = override["timeout"]
         changes["timeout"] = dt.timedelta(seconds=timeout) if timeout is not None else None
-    overlap = override.get("overlap")
-    if overlap in OVERLAPS and "allow_all" not in (overlap, job.overlap):
+    overlap = find_overlap(override.get("overlap"))
+    if overlap is not None and overlap.may_be_overridden and job.overlap.may_be_overridden:
         changes["overlap"] = overlap
     return replace(job, **changes)
 

@@ -24,6 +24,7 @@ from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError
 from . import jitter as jitters
 from .catchup import CatchUp
+from .policies import SKIP, Overlap, overlap_policy
 from .retries import DEFAULT_BACKOFF, Retries
 from .schedules import SCHEDULE_SEPARATOR, Schedule
 
@@ -46,7 +47,7 @@ class Job:
     catch_up: CatchUp = field(default_factory=CatchUp)
     task: Any = None  # a django.tasks Task this job enqueues at each slot
     timeout: DurationLike | None = None  # None: EXCLUSIVE_JOBS["TIMEOUT"]
-    overlap: str = "skip"  # slots that come during a run: see catchup.py
+    overlap: Overlap = SKIP  # slots that come during a run: see catchup.py, policies.py
     # Each slot starts this much after it at most (a fixed offset per job and slot).
     jitter: dt.timedelta = jitters.NONE
     # The keyword arguments its runs call the function with (JSON, checked by the decorator).
@@ -73,6 +74,8 @@ class Job:
             given["timeout"] = validate_timeout(given["timeout"])
         if "wait" in given:
             validate_wait(given["wait"])
+        if isinstance(given.get("overlap"), str):  # a name, as the decorator takes it
+            given["overlap"] = overlap_policy(given["overlap"])
         return replace(self, **given)
 
     def with_arguments(self, given: dict[str, Any]) -> Job:
@@ -113,13 +116,13 @@ class Job:
         """The scheduler runs it in a thread of its own process (``in_process=True``,
         see ``thread.py``), unless its run must be stoppable: it has a timeout (from
         the ``TIMEOUT`` setting or an operator's override) or ``overlap="cancel_other"``."""
-        return self.in_process and self.time_limit is None and self.overlap != "cancel_other"
+        return self.in_process and self.time_limit is None and not self.overlap.needs_child_process
 
     @property
     def buffers(self) -> bool:
         """Its ``overlap`` runs a slot that came during a run, after it (``"buffer_one"``,
         ``"buffer_all"``, ``"cancel_other"``), rather than skip it or run it alongside."""
-        return self.overlap not in ("skip", "allow_all")
+        return self.overlap.buffers
 
     @property
     def rechecks(self) -> bool:

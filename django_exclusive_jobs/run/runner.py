@@ -388,7 +388,7 @@ class Run:
     def _stoppable(self, lock: Lock) -> Iterator[None]:
         """Around a command's job of ``overlap="cancel_other"``: look every few seconds
         for a stop asked by a newer slot's start (elsewhere: a scheduler's poll does)."""
-        if not self.supervised or self.job.overlap != "cancel_other":
+        if not self.supervised or not self.job.overlap.stops_older_run:
             yield
             return
         done = threading.Event()
@@ -544,7 +544,7 @@ class Run:
     def _slot_of_lock(self) -> dt.datetime | None:
         """``overlap="allow_all"``: the slot whose own lock this run takes (see
         ``slot_locks.py``); None: the job's lock (every other policy, a run with no slot)."""
-        if self.job.overlap != "allow_all" or self.job.schedule is None:
+        if not self.job.overlap.lock_per_slot or self.job.schedule is None:
             return None
         if self.backfill is not None or self.request is not None:
             return self.backfill or (self.request.slot if self.request else None)
@@ -582,7 +582,7 @@ class Run:
         a newer one, is a manual run, has not claimed its slot yet, or did not stop in
         time)."""
         schedule = self.job.schedule
-        if self.job.overlap != "cancel_other" or self.cancel_wait is None or schedule is None:
+        if not self.job.overlap.stops_older_run or self.cancel_wait is None or schedule is None:
             return None
         if held.token is None:
             return None
@@ -762,7 +762,7 @@ class Run:
             assert declared.schedule is not None
             looked = history.look(lock, self.name, declared.schedule, not_before)
         state = self._in_force(looked)
-        if self.job.overlap == "cancel_other":  # stops asked of runs before ours are moot
+        if self.job.overlap.stops_older_run:  # stops asked of runs before ours are moot
             from . import control
 
             control.close_stops(self.name, below=lock.token, using=lock.using)

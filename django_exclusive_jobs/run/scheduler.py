@@ -450,7 +450,7 @@ class Scheduler:
         active = self.running.get(name)
         if active is None:
             return True
-        cancels = active.job.overlap == "cancel_other" and not active.run.cancelled_by
+        cancels = active.job.overlap.stops_older_run and not active.run.cancelled_by
         return cancels and due > self.clock.now()
 
     def _wait(self, timeout: float) -> None:
@@ -573,7 +573,7 @@ class Scheduler:
         run (of an older slot) is stopped; the newer slot starts once it has ended."""
         job, run = active.job, active.run
         schedule = job.schedule
-        if job.overlap != "cancel_other" or schedule is None or run.cancelled_by:
+        if not job.overlap.stops_older_run or schedule is None or run.cancelled_by:
             return
         slot = self._computed(job, lambda: schedule.latest_at_or_before(due)[0])
         if slot is None:
