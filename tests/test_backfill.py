@@ -21,6 +21,7 @@ from django_exclusive_jobs.run import backfill, control
 from django_exclusive_jobs.run.registry import Job, get_job
 from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import Every, make_schedule
+from django_exclusive_jobs.run.start import Start
 
 from .conftest import clean_tables
 from .helpers import other_holder, reaped
@@ -396,7 +397,7 @@ def test_a_request_with_a_slot_runs_as_the_slots_next_attempt(alias: str) -> Non
     request = control.request_run(NAME, by="carol (admin)", using=alias, slot=two)
     served: list[object] = []
     this = job().but(using=alias, keepalive=False)
-    run = Run(this, request=RunRequest.objects.using(alias).get(pk=request.pk))
+    run = Run(this, start=Start.run_now(request=RunRequest.objects.using(alias).get(pk=request.pk)))
     result = run.call(lambda lock: served.append(run.job_slot))
     assert result.status == "succeeded"
     assert served == [two]
@@ -418,7 +419,9 @@ def test_a_request_for_a_slot_that_succeeded_meanwhile_is_used_up_without_a_run(
     record(alias, two, "succeeded")  # a late catch-up, or another backfill, ran it
     lines: list[str] = []
     this = job().but(using=alias, keepalive=False)
-    run = Run(this, request=request, report=lambda line, normal: lines.append(line))
+    run = Run(
+        this, start=Start.run_now(request=request), report=lambda line, normal: lines.append(line)
+    )
     result = run.call(lambda lock: pytest.fail("the slot ran twice"))
     assert result.status == "skipped"
     [line] = lines

@@ -26,6 +26,7 @@ from django_exclusive_jobs.run.catchup import CatchUp
 from django_exclusive_jobs.run.registry import Job, _jobs
 from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import Every
+from django_exclusive_jobs.run.start import Start
 
 from .helpers import expire_now, other_holder
 from .test_admin import client_for, make_user
@@ -135,7 +136,7 @@ def test_a_request_is_taken_by_one_run_only(alias: str) -> None:
     for _ in range(2):  # two servers' schedulers see the same request
         job = Job("quick", noop, using=alias, keepalive=False)
         taken = RunRequest.objects.using(alias).get(pk=request.pk)
-        Run(job, request=taken).call(lambda lock: calls.append(1))
+        Run(job, start=Start.run_now(request=taken)).call(lambda lock: calls.append(1))
     assert calls == [1]
     assert JobRun.objects.using(alias).filter(name="quick").count() == 1
 

@@ -23,6 +23,7 @@ from django_exclusive_jobs.run import control
 from django_exclusive_jobs.run.registry import Job, get_job
 from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.scheduler import Scheduler
+from django_exclusive_jobs.run.start import Start
 
 from .test_admin import client_for, make_user
 from .test_command import marker
@@ -188,7 +189,7 @@ def test_a_request_whose_arguments_no_longer_fit_runs_fails_and_is_used_up(alias
         name="changed", requested_by="alice", requested_at=database_now(alias), kwargs={"gone": 1}
     )
     job = Job("changed", takes_nothing, using=alias, keepalive=False)
-    result = Run(job, request=stale).call()
+    result = Run(job, start=Start.run_now(request=stale)).call()
     assert result.status == "failed"
     [run] = JobRun.objects.using(alias).filter(name="changed")
     assert (run.error_type, run.kwargs, run.requested_by) == ("TypeError", {"gone": 1}, "alice")

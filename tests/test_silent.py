@@ -32,6 +32,7 @@ from django_exclusive_jobs.run import control, registry
 from django_exclusive_jobs.run.registry import Job
 from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import Every
+from django_exclusive_jobs.run.start import Start
 
 from .test_command import ROOT, argv, command_env, marker, runs
 from .test_operate import exclusive_jobs
@@ -275,7 +276,8 @@ def test_a_cancelled_request_is_never_run_and_says_who_cancelled_it(alias: str) 
     assert waiting.cancelled_by == "dave" and waiting.cancelled_at is not None
     calls: list[int] = []
     job = Job("quick", lambda: None, using=alias, keepalive=False)
-    result = Run(job, request=waiting).call(lambda lock: calls.append(1))  # a late poller
+    late = Run(job, start=Start.run_now(request=waiting))  # a late poller
+    result = late.call(lambda lock: calls.append(1))
     assert (calls, result.status) == ([], "skipped")
     assert not JobRun.objects.using(alias).exists()
 
@@ -283,7 +285,7 @@ def test_a_cancelled_request_is_never_run_and_says_who_cancelled_it(alias: str) 
 def test_a_request_taken_by_a_run_cannot_be_cancelled(alias: str) -> None:
     waiting = control.request_run("quick", by="carol", using=alias)
     job = Job("quick", lambda: None, using=alias, keepalive=False)
-    Run(job, request=waiting).call(lambda lock: None)
+    Run(job, start=Start.run_now(request=waiting)).call(lambda lock: None)
     assert not control.cancel(waiting.pk, by="dave", using=alias)
     taken = RunRequest.objects.using(alias).get(pk=waiting.pk)
     assert taken.cancelled_by == "" and taken.run_id is not None

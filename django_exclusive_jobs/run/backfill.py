@@ -31,6 +31,7 @@ from ..lock.retry import run_statement
 from . import audit, control
 from .registry import Job
 from .runner import EXIT_FAILED, EXIT_OK, Run, RunResult
+from .start import Start
 from .status import RunStatus
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ def run_slots(
             if received:
                 done.not_run = backfill.slots[index:]
                 break
-            run = Run(bound, backfill=slot, requested_by=by, report=report, supervised=True)
+            run = Run(bound, start=Start.backfill(slot, by), report=report, supervised=True)
             current[:] = [run]
             result = run.call()
             if run.slot != slot:  # nothing claimed: stopped, or the lock was not won

@@ -36,6 +36,7 @@ from ..lock.retry import run_statement
 from . import audit
 from .registry import get_job
 from .runner import Run, RunResult
+from .start import Start
 from .status import RunStatus
 
 if TYPE_CHECKING:
@@ -343,6 +344,6 @@ def run_now(
     from ..models import JobChange
 
     audit.recorded(name, JobChange.Action.RUN_NOW, by=by, after={"kwargs": given}, using=using)
-    run = Run(job, requested_by=by, report=report, supervised=True)
+    run = Run(job, start=Start.run_now(by), report=report, supervised=True)
     with stop_on_signals(run.on_signal):
         return run.call()

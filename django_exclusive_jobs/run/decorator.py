@@ -21,6 +21,7 @@ from .registry import Job, register
 from .retries import make_retries
 from .runner import Run, RunResult
 from .schedules import SCHEDULE_SEPARATOR, Schedule, make_schedule, several_schedules
+from .start import Start
 from .status import RunStatus
 from .tasks import enqueuer, is_task
 
@@ -292,7 +293,7 @@ def _several(func: Callable[..., Any], jobs: list[Job]) -> Callable[..., Any]:
 def _sync_wrapper(job: Job) -> Callable[..., Any]:
     @functools.wraps(job.func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        run = Run(job)
+        run = Run(job, start=Start.call())
         result = run.call(lambda lock: job.func(*args, **_given(job, run, lock, kwargs)))
         if result.status == RunStatus.SKIPPED:
             return _after_skip(job, result)
@@ -304,7 +305,7 @@ def _sync_wrapper(job: Job) -> Callable[..., Any]:
 def _async_wrapper(job: Job) -> Callable[..., Any]:
     @functools.wraps(job.func)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        run = Run(job)
+        run = Run(job, start=Start.call())
         result = await run.acall(lambda lock: job.func(*args, **_given(job, run, lock, kwargs)))
         if result.status == RunStatus.SKIPPED:
             return _after_skip(job, result)

@@ -34,6 +34,7 @@ from .catchup import Replaced
 from .child import ChildExit
 from .registry import Job
 from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
+from .start import Start
 from .status import RunStatus
 from .tasks import Enqueued
 
@@ -116,20 +117,18 @@ class Run:
         *,
         report: Callable[[str, bool], None] | None = None,
         on_lost: Callable[[Lock], None] | None = None,
-        request: RunRequest | None = None,
-        requested_by: str = "",
-        backfill: dt.datetime | None = None,
-        not_before: dt.datetime | None = None,
+        start: Start | None = None,
         supervised: bool = False,
         on_timeout: Callable[[float], None] | None = None,
         grace: float = 10.0,
         cancel_wait: float | None = None,
-        jitter: bool = False,
         target: Callable[[Lock], Any] | None = None,
         on_stop: Callable[[int], None] | None = None,
         context: dict[str, Any] | None = None,
     ) -> None:
         #: The job and its settings; a request's arguments over its declared ones.
+        start = Start.call() if start is None else start
+        request = start.request
         self.job = job.with_arguments(request.kwargs) if request is not None else job
         self.name = job.name
         # Called with each decision line and whether it is the normal path (True) or not;
@@ -138,15 +137,11 @@ class Run:
         self.context = context or {}
         # Called (from keep-alive's thread) when the lock is found lost mid-run.
         self.on_lost = on_lost
-        # Why it runs: its schedule (default), a run asked for now (``request``: from the
-        # admin, served by a scheduler; ``requested_by``: started here), a backfill of a
-        # past slot (``backfill`` with ``requested_by``, or a ``request`` with a slot),
-        # and for the scheduler's starts, the due slot: never served before its time on
-        # the database's clock.
-        self.request = request
-        self.requested_by = requested_by[:255]
-        self.backfill = backfill
-        self.not_before = not_before
+        # Why it runs (see start.py): its schedule's slot (a direct call, by default; a
+        # cron line's, which waits for the slot's start, its jitter; the scheduler's due
+        # slot, never served before its time on the database's clock), a run asked for
+        # now, a backfill of a past slot.
+        self.reason = start
         # A command's run (``supervised``; a direct call of the decorated function, in a
         # web request, is not) is stopped by :meth:`call` at the job's timeout, and when a
         # newer slot cancels it (``overlap="cancel_other"``): ``on_timeout(seconds)``
@@ -165,8 +160,6 @@ class Run:
         # no longer once a first signal has been), and has returned.
         self.job_running = False
         self.returned = False
-        # A cron line's start: first wait for the slot's start (its jitter), see _jitter.
-        self.jitter = jitter
         # What :meth:`call` runs (default: the job's function), and how a SIGTERM or
         # SIGINT stops it while it runs (default: Interrupted raised in it; a program is
         # sent the signal instead, see ChildProgram.on_signal).
@@ -205,11 +198,14 @@ class Run:
         return self.job.schedule.slot_at(acquired) if acquired is not None else None
 
     @property
+    def request(self) -> RunRequest | None:
+        """The run-now request (with a slot: a backfill's) a scheduler serves, if any."""
+        return self.reason.request
+
+    @property
     def backfilled(self) -> bool:
         """It serves a past slot a backfill asked for, not its schedule's."""
-        return self.backfill is not None or (
-            self.request is not None and self.request.slot is not None
-        )
+        return self.reason.backfilled
 
     @property
     def overran(self) -> bool:
@@ -471,7 +467,7 @@ class Run:
         Never re-entrant: a second run of the job in this thread (a job calling itself,
         or another async call sharing Django's sync thread) skips like any other server.
         """
-        if self.jitter:
+        if self.reason.waits_for_jitter:
             stopped = self._jitter()
             if stopped is not None:
                 return stopped
@@ -546,10 +542,8 @@ class Run:
         ``slot_locks.py``); None: the job's lock (every other policy, a run with no slot)."""
         if not self.job.overlap.lock_per_slot or self.job.schedule is None:
             return None
-        if self.backfill is not None or self.request is not None:
-            return self.backfill or (self.request.slot if self.request else None)
-        if self.requested_by:  # run now, here
-            return None
+        if self.reason.asked:  # a backfill's slot; None: run now
+            return self.reason.slot_asked
         return self._due_slot()
 
     def _due_slot(self) -> dt.datetime:
@@ -559,8 +553,8 @@ class Run:
         self._in_force()  # the slot is the schedule's in force
         schedule = self.job.schedule
         assert schedule is not None
-        if self.not_before is not None:
-            return schedule.latest_at_or_before(self.not_before)[0]
+        if self.reason.not_before is not None:
+            return schedule.latest_at_or_before(self.reason.not_before)[0]
         using = resolve_alias(self.job.using)
         return schedule.slot_at(run_statement(using, lambda: database_now(using)))
 
@@ -751,13 +745,7 @@ class Run:
         not_before = self._on_time(lock)
         looked = None
         declared = self.job
-        its_slot = history.of_its_slot(
-            declared.schedule,
-            declared.overlap,
-            request=self.request,
-            backfill=self.backfill,
-            requested_by=self.requested_by,
-        )
+        its_slot = self.reason.serves_its_slot(declared.schedule, declared.overlap)
         if its_slot and not self._state_read:  # the operator row, read with the look
             assert declared.schedule is not None
             looked = history.look(lock, self.name, declared.schedule, not_before)
@@ -774,11 +762,11 @@ class Run:
             catch_up=self.job.catch_up,
             overlap=self.job.overlap,
             retry=self.job.retry,
-            request=self.request,
-            requested_by=self.requested_by,
+            request=self.reason.request,
+            requested_by=self.reason.requested_by,
             kwargs=self.job.kwargs,
             start_of=self.job.start_of,
-            backfill=self.backfill,
+            backfill=self.reason.past_slot,
             slot=self.lock_slot,
             state=state,
             looked=looked,
@@ -836,7 +824,7 @@ class Run:
             time.sleep(min(left, JITTER_TICK))
         if self.pending_signal is not None:
             return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
-        self.not_before = start
+        self.reason = self.reason.waited(start)
         return None
 
     def _on_time(self, lock: Lock) -> dt.datetime | None:
@@ -845,15 +833,16 @@ class Run:
         (the scheduler's estimate of the clock is off, or the job's database has a clock
         of its own): None, and the run serves the slot of the database's time, as a cron
         line would (``early`` tells the scheduler to read the clock again)."""
-        if self.not_before is None or lock.acquired_at is None:
-            return self.not_before
-        early = (self.not_before - lock.acquired_at).total_seconds()
+        not_before = self.reason.not_before
+        if not_before is None or lock.acquired_at is None:
+            return not_before
+        early = (not_before - lock.acquired_at).total_seconds()
         if early > EARLY_WAIT_LIMIT:
             self.early = True
             return None
         if early > 0:
             time.sleep(early)
-        return self.not_before
+        return not_before
 
     def _say_missed(
         self, lock: Lock, missed: list[dt.datetime], replaced: Replaced | None = None

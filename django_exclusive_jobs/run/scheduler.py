@@ -39,6 +39,7 @@ from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import Run, RunResult
 from .shutdown import stop_on_signals
+from .start import Start
 from .thread import JobThread
 
 if TYPE_CHECKING:
@@ -632,10 +633,9 @@ class Scheduler:
             self.declared.get(job.name, job).but(wait=0),
             report=self.report,
             on_lost=self._lost,
-            request=request,
             # Never serve a slot before its time on the database's clock (ours is an
-            # estimate).
-            not_before=due if request is None else None,
+            # estimate); a request (run now, a backfill's slot) is served at once.
+            start=Start.slot(due) if request is None else Start.run_now(request=request),
             # cancel_other: ask an older slot's run to stop, but wait for it here.
             cancel_wait=0.0 if request is None else None,
             context={"scheduler": self.name},

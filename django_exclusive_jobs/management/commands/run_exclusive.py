@@ -27,6 +27,7 @@ from django_exclusive_jobs.run.registry import Job, all_jobs, get_job, schedules
 from django_exclusive_jobs.run.retries import make_retries
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule, with_tolerance
+from django_exclusive_jobs.run.start import Start
 from django_exclusive_jobs.run.status import RunStatus
 
 logger = logging.getLogger("django_exclusive_jobs")
@@ -180,11 +181,10 @@ class Command(JobCommand):
             return Run(
                 job,
                 report=report,
-                not_before=due,
+                start=Start.cron(retry_at=due),
                 supervised=True,
                 grace=grace,
                 cancel_wait=CANCEL_WAIT,
-                jitter=due is None,
                 target=target,
                 on_lost=child.on_lost if child else None,
                 on_timeout=child.on_timeout if child else None,
