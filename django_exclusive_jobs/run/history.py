@@ -26,9 +26,8 @@ from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from ..logs import extra
 from ..values import storable
-from . import catchup, overrides, rows
-from .catchup import CatchUp
-from .policies import SKIP, Overlap
+from . import catchup, rows
+from . import claim as decision
 from .retries import Retries
 from .schedules import Schedule
 from .status import RunStatus
@@ -36,6 +35,8 @@ from .tasks import Enqueued
 
 if TYPE_CHECKING:
     from ..models import JobRun, JobRunQuerySet, JobState, RunRequest
+    from .registry import Job
+    from .start import Start
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -74,27 +75,12 @@ class Look:
     state: JobState | None  # what operators decided about the job
 
 
-def of_its_slot(
-    schedule: Schedule | None,
-    overlap: Overlap,
-    *,
-    request: RunRequest | None = None,
-    backfill: dt.datetime | None = None,
-    requested_by: str = "",
-) -> bool:
-    """Whether a start serves its schedule's slot: it asks in its look at the history
-    whether any run was abandoned (:func:`claim`), and may read the job's operator row
-    in the same statement (:func:`look`). Run now, backfills, jobs without a schedule
-    and ``overlap="allow_all"`` close abandoned runs first."""
-    return not (overlap.lock_per_slot or schedule is None or request or backfill or requested_by)
-
-
 def start_time(lock: Lock, not_before: dt.datetime | None) -> dt.datetime:
     """When a start is, on database time: the lock's acquisition, or the scheduler's
     due slot (``not_before``) when the lock came a little before it."""
     if lock.acquired_at is None:
         raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
-    return lock.acquired_at if not_before is None else max(lock.acquired_at, not_before)
+    return decision.start_time(lock.acquired_at, not_before)
 
 
 ORDER = ("-slot", "-attempt")  # a job's newest slot first, and its newest attempt
@@ -123,18 +109,9 @@ def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | No
 
 def claim(
     lock: Lock,
-    name: str,
+    job: Job,
+    start: Start,
     *,
-    schedule: Schedule | None = None,
-    catch_up: CatchUp | None = None,
-    overlap: Overlap = SKIP,
-    retry: Retries | None = None,
-    request: RunRequest | None = None,
-    requested_by: str = "",
-    not_before: dt.datetime | None = None,
-    kwargs: dict[str, Any] | None = None,
-    start_of: Callable[[dt.datetime], dt.datetime] | None = None,
-    backfill: dt.datetime | None = None,
     slot: dt.datetime | None = None,
     state: JobState | None = None,
     looked: Look | None = None,
@@ -143,15 +120,13 @@ def claim(
 
     Closes the job's runs abandoned by earlier holders (:func:`close_abandoned`): first,
     or, for a start of its slot, once its look at the history has found any.
-    With a schedule, the slot comes from the lock's acquisition time on database time
-    (or ``not_before``, the scheduler's due slot, when the lock came a little before it),
-    and slots nobody ran since the job's latest recorded slot are recorded ``missed``.
-    A slot whose newest attempt awaits a retry (``retry``) gets its next attempt once
-    ``retry_at`` has come; before that the claim skips and says when (``retry_at``).
-    ``kwargs``: the arguments the run calls the job with, recorded on its row;
-    ``start_of``: when each slot starts (its jitter), from which lateness is counted.
-    ``backfill``: a past slot to run again, asked for by ``requested_by``
-    (:func:`_backfill`), as a request with a slot is.
+    A run asked for (``start``: run now, a backfill) is claimed here; a start of its
+    slot reads the history, and :func:`.claim.decide` says what to write and what
+    runs, from the values read: the slot of the lock's acquisition time on database
+    time (or the scheduler's due slot, ``start.not_before``, when the lock came a
+    little before it), the slots nobody ran since the job's latest recorded slot
+    (recorded ``missed``), a retry once its ``retry_at`` has come. The job's
+    arguments (``job.kwargs``) are recorded on its rows.
     ``slot``: under ``overlap="allow_all"``, the slot whose lock ``lock`` is (see
     ``slot_locks.py``; None: the job's own lock, for runs with no slot); the start serves
     that slot, and only that lock's runs, and slots whose lock was left stale, are
@@ -161,43 +136,53 @@ def claim(
     records it ``paused``; slots of the schedule before it came in force are not missed.
     ``looked``: the look at the history made with ``state`` (:func:`look`), if it was.
     """
-    arguments = kwargs or {}
-    side_by_side = overlap.lock_per_slot
+    name, arguments = job.name, job.kwargs or {}
     # A start of its slot asks in its look at the history whether any run was abandoned
     # (below); every other start closes them first.
-    its_slot = of_its_slot(
-        schedule, overlap, request=request, backfill=backfill, requested_by=requested_by
-    )
+    its_slot = start.serves_its_slot(job.schedule, job.overlap)
     if not its_slot:
-        close_abandoned(lock, name, retry, slot=slot, side_by_side=side_by_side)
-    if request is not None:  # run now or a backfill: paused or not
-        return _take_request(lock, name, request, arguments)
-    if backfill is not None:  # a backfill, here: paused or not
-        return _backfill(lock, name, backfill, requested_by, arguments)
-    if requested_by:  # run now, here: paused or not, outside the schedule
-        return Claim(_insert(lock, name, None, arguments, requested_by=requested_by))
-    now = start_time(lock, not_before)
-    assert lock.acquired_at is not None  # start_time said so
-    paused = state is not None and state.paused_now(lock.acquired_at)
-    if schedule is None:
-        if paused:
-            assert state is not None
-            return Claim(None, why=state.why_paused())
-        return Claim(_insert(lock, name, None, arguments))
-    # The scheduler's start (``not_before``) serves its due slot, never a coming one.
-    current = schedule.slot_at(now) if not_before is None else schedule.latest_at_or_before(now)[0]
-    if side_by_side and slot is not None:  # the slot of its lock, chosen before the take
-        if slot > current:
-            return Claim(None, why=f"slot {slot.isoformat()} has not begun on database time")
-        current = slot
+        close_abandoned(lock, name, job.retry, slot=slot, side_by_side=job.overlap.lock_per_slot)
+    if start.request is not None:  # run now or a backfill: paused or not
+        return _take_request(lock, name, start.request, arguments)
+    if start.past_slot is not None:  # a backfill, here: paused or not
+        return _backfill(lock, name, start.past_slot, start.requested_by, arguments)
+    if start.requested_by:  # run now, here: paused or not, outside the schedule
+        return Claim(_insert(lock, name, None, arguments, requested_by=start.requested_by))
+    start_time(lock, start.not_before)  # the acquisition time is known
+    assert lock.acquired_at is not None
+    acquired, holder = lock.acquired_at, lock.holder
+    decided = decision.aim(job, start, acquired, state, slot)
+    current = decided.look_up_to
+    if current is not None:
+        latest = _latest(lock, name, current, its_slot, looked, job.retry)
+        decided = decision.decide(job, start, acquired, holder, latest, state, slot=slot)
+    with ExitStack() as first_claim:
+        if decided.under_lease:  # the job's first rows: under its lease
+            first_claim.enter_context(_under_lease(lock))
+        elif decided.in_turn:  # and in turn with its other slots' first claims
+            latest = first_claim.enter_context(_in_turn(lock, name))
+            decided = decision.decide(
+                job, start, acquired, holder, latest, state, slot=slot, turn=True
+            )
+        return _apply(lock, name, decided, arguments)
+
+
+def _latest(
+    lock: Lock,
+    name: str,
+    current: dt.datetime,
+    its_slot: bool,
+    looked: Look | None,
+    retry: Retries | None,
+) -> JobRun | None:
+    """One indexed look-up: the current slot's newest attempt if any, else the newest
+    attempt of the newest slot before it; and whether any run was left running by an
+    earlier holder. Only then are they closed (close_abandoned) and the look made again:
+    a start that finds none sends one statement, not two. A start that read the job's
+    operator row with it (``looked``) looked up to a later bound: a run it read after
+    the slot (an override moved the schedule) has it look again."""
     from ..models import JobRun
 
-    # One indexed look-up: the current slot's newest attempt if any, else the newest
-    # attempt of the newest slot before it; and whether any run was left running by an
-    # earlier holder. Only then are they closed (close_abandoned) and the look made again:
-    # a start that finds none sends one statement, not two. A start that read the job's
-    # operator row with it (``looked``) looked up to a later bound: a run it read after
-    # the slot (an override moved the schedule) has it look again.
     where = [("name", "=", name), ("slot", "<=", current)]
     exists = ("abandoned", _abandoned(name, lock)) if its_slot else None
 
@@ -213,62 +198,30 @@ def claim(
         close_abandoned(lock, name, retry)
         if latest is not None and _abandoned_by_its_holder(latest, lock):
             latest, _ = run_statement(lock.using, up_to_the_slot)  # it is closed now, or ended
-    if latest is not None and latest.slot == current:
-        return _again(lock, name, latest, now, retry, arguments)
-    with ExitStack() as first_claim:
-        if latest is None and not side_by_side:  # the job's first rows: under its lease
-            first_claim.enter_context(_under_lease(lock))
-        elif latest is None:  # and in turn with its other slots' first claims
-            latest = first_claim.enter_context(_in_turn(lock, name))
-            if latest is not None and latest.slot is not None and latest.slot >= current:
-                began = latest.slot.isoformat()
-                return Claim(None, why=f"the job's history began after this slot, at {began}")
-        if latest is not None and latest.retry_at is not None:
-            _give_up(lock, latest, current)
-        if paused:  # the slot is recorded as paused, once; the slots before it are not missed
-            assert state is not None
-            why = state.why_paused()
-            _record_slots(lock, name, [current], RunStatus.PAUSED, f"Paused: {why}.", arguments)
-            return Claim(None, current, why=why)
-        quiet = state.quiet(now) if state is not None else []
-        replaced = overrides.replaced_slots(state, latest.slot if latest else None, now)
-        plan = catchup.plan(
-            schedule,
-            catch_up or CatchUp(),
-            now,
-            latest.slot if latest else None,
-            quiet=quiet,
-            current=current,
-            overlap=overlap,
-            ran=_ran(latest),
-            start_of=start_of,
-        )
-        old = replaced.slots if replaced is not None else []
-        missed = old + plan.missed  # the old schedule's, then the new one's
-        with _together(lock, several=bool(missed or plan.skipped)):
-            if replaced is not None:
-                _record_replaced(lock, name, replaced, arguments)
-            record_missed(lock, name, plan.missed, arguments)
-            _record_skipped(lock, name, plan.skipped, latest, arguments)
-            run = None if plan.run is None else _insert(lock, name, plan.run, arguments)
-        if plan.run is None:
-            policy = (catch_up or CatchUp()).name
-            if plan.missed:  # the new schedule's slots: the replaced one's are not late
-                late = plan.missed[-1].isoformat()
-                why = f"slot {late} started too late (catch_up={policy}): recorded missed"
-            elif plan.skipped:
-                why = f"slot {plan.skipped[-1].isoformat()} came during a run (overlap={overlap})"
-            elif (
-                state is not None
-                and state.schedule_since is not None
-                and (current < state.schedule_since)
-            ):
-                since = state.schedule_since.isoformat(timespec="seconds")
-                why = f"its slot came before its schedule was put in force at {since}"
-            else:
-                why = "its slot fell in its last pause"
-            return Claim(None, None, missed, why=why, skipped=plan.skipped, replaced=replaced)
-        return Claim(run, plan.run, missed, plan.more, skipped=plan.skipped, replaced=replaced)
+    return latest
+
+
+def _apply(lock: Lock, name: str, decided: decision.Decision, kwargs: dict[str, Any]) -> Claim:
+    """The writes ``decided`` asks for, in its order; what the claim found."""
+    if decided.give_up is not None:
+        assert decided.current is not None
+        _give_up(lock, decided.give_up, decided.current)
+    with _together(lock, several=decided.together):
+        for record in decided.records:
+            _record_slots(lock, name, list(record.slots), record.status, record.text, kwargs)
+        run = decided.existing
+        if decided.insert is not None:
+            run = _insert(lock, name, decided.insert.slot, kwargs, attempt=decided.insert.attempt)
+    return Claim(
+        run,
+        decided.slot,
+        decided.missed,
+        decided.more,
+        why=decided.why,
+        skipped=decided.skipped,
+        retry_at=decided.retry_at,
+        replaced=decided.replaced,
+    )
 
 
 def _up_to(run: JobRun | None, slot: dt.datetime) -> bool:
@@ -339,35 +292,6 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
         yield run_statement(lock.using, look)
 
 
-def _ran(run: JobRun | None) -> tuple[dt.datetime, dt.datetime] | None:
-    """When ``run`` started and when its job ended (``started_at + duration``), if it ran
-    and recorded its own end (a run closed as abandoned by a later holder has no known
-    end: its server died). Not ``finished_at``: that is when the end was written, after
-    the lock's release, and a write delayed by a slow database would make a short run
-    look as if it overran its interval, and the next slot be skipped (found by the
-    protocol's model, docs/model.md)."""
-    if run is None or run.status in (RunStatus.RUNNING, *RunStatus.not_runs()):
-        return None
-    if run.duration is None or run.finished_at is None:
-        return None
-    return run.started_at, run.started_at + dt.timedelta(seconds=run.duration)
-
-
-def _record_skipped(
-    lock: Lock,
-    name: str,
-    slots: list[dt.datetime],
-    during: JobRun | None,
-    kwargs: dict[str, Any],
-) -> None:
-    """One ``skipped`` row per slot that came while ``during`` ran (its overlap policy)."""
-    if not slots or during is None:
-        return
-    ran = during.slot.isoformat() if during.slot else "?"
-    why = f"Overlap: the run of slot {ran} by {during.holder} was still running."
-    _record_slots(lock, name, slots, RunStatus.SKIPPED, why, kwargs)
-
-
 def _ours(lock: Lock) -> dict[str, Any]:
     return {
         "status": RunStatus.RUNNING,
@@ -428,29 +352,6 @@ def _backfill(
     return Claim(run, slot)
 
 
-def _again(
-    lock: Lock,
-    name: str,
-    latest: JobRun,
-    now: dt.datetime,
-    retry: Retries | None,
-    kwargs: dict[str, Any],
-) -> Claim:
-    """The current slot has a run: its next attempt once its retry is due, else a skip
-    (the run found tells why: succeeded, running, or its last attempt)."""
-    slot = latest.slot
-    assert slot is not None
-    retry_at = latest.retry_at
-    waits = retry is not None and latest.attempt <= retry.count
-    if retry_at is None or not waits or latest.status not in RunStatus.unsuccessful():
-        return Claim(latest, slot)
-    if retry_at > now:
-        when = retry_at.isoformat(timespec="seconds")
-        why = f"retry of slot {slot.isoformat()} at {when} (attempt {latest.attempt} ended)"
-        return Claim(None, slot, why=why, retry_at=retry_at)
-    return Claim(_insert(lock, name, slot, kwargs, attempt=latest.attempt + 1), slot)
-
-
 def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:
     """A newer slot has begun: an older slot's pending retry is never run (the newer
     slot wins), and that attempt becomes the slot's last."""
@@ -503,41 +404,6 @@ def _insert(
             lock.using, lambda: runs.get(name=name, slot=slot, attempt=attempt)
         )
         return found
-
-
-def record_missed(
-    lock: Lock, name: str, slots: list[dt.datetime], kwargs: dict[str, Any] | None = None
-) -> None:
-    """One ``missed`` row per slot, written by the start that noticed them.
-
-    Only the lock's holder writes them, so no other start records the same slots; a
-    conflict (a run with another schedule) is ignored, never raised.
-    """
-    if not slots:
-        return
-    noticed = lock.acquired_at.isoformat(timespec="seconds") if lock.acquired_at else "?"
-    why = f"No server ran this slot before {lock.holder} started the job at {noticed}."
-    _record_slots(lock, name, slots, RunStatus.MISSED, why, kwargs)
-
-
-def _record_replaced(
-    lock: Lock, name: str, replaced: catchup.Replaced, kwargs: dict[str, Any]
-) -> None:
-    """The replaced schedule's slots no server ran: the newest one by one, the older
-    ones (beyond ``catchup.MAX_RECORDED``) as one missed-range record at the oldest's
-    slot."""
-    noticed = lock.acquired_at.isoformat(timespec="seconds") if lock.acquired_at else "?"
-    changed = replaced.changed.isoformat(timespec="seconds")
-    why = (
-        f"No server ran this slot of its replaced schedule ({replaced.schedule}) before its "
-        f"schedule changed at {changed}; noticed by {lock.holder} at {noticed}."
-    )
-    if replaced.first is not None:
-        _record_slots(
-            lock, name, [replaced.first], RunStatus.MISSED, replaced.range_record(), kwargs
-        )
-    if replaced.slots:
-        _record_slots(lock, name, replaced.slots, RunStatus.MISSED, why, kwargs)
 
 
 def _record_slots(

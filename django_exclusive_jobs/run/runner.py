@@ -754,22 +754,11 @@ class Run:
             from . import control
 
             control.close_stops(self.name, below=lock.token, using=lock.using)
+        # The start as served now: a due slot the database's clock was far from is the
+        # slot of its time (see _on_time).
+        start = self.reason.waited(not_before)
         claim = history.claim(
-            lock,
-            self.name,
-            not_before=not_before,
-            schedule=self.job.schedule,
-            catch_up=self.job.catch_up,
-            overlap=self.job.overlap,
-            retry=self.job.retry,
-            request=self.reason.request,
-            requested_by=self.reason.requested_by,
-            kwargs=self.job.kwargs,
-            start_of=self.job.start_of,
-            backfill=self.reason.past_slot,
-            slot=self.lock_slot,
-            state=state,
-            looked=looked,
+            lock, self.job, start, slot=self.lock_slot, state=state, looked=looked
         )
         self.slot, self.more_due = claim.slot, claim.more
         self.retry_at = claim.retry_at

@@ -120,7 +120,8 @@ class Start:
         ``overlap="allow_all"`` close abandoned runs first."""
         return not (overlap.lock_per_slot or schedule is None or self.asked)
 
-    def waited(self, start: dt.datetime) -> Start:
+    def waited(self, start: dt.datetime | None) -> Start:
         """After a cron line's wait for its slot's start: served from ``start``, as the
-        scheduler serves its due slot."""
+        scheduler serves its due slot (None: the slot of the database's time, for a due
+        slot the database's clock was far from)."""
         return replace(self, due=start)
