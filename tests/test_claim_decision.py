@@ -8,7 +8,7 @@ from typing import Any
 
 from django_exclusive_jobs.models import JobRun, JobState, RunRequest
 from django_exclusive_jobs.run.catchup import make_catch_up, make_overlap
-from django_exclusive_jobs.run.claim import Decision, Insert, Record, aim, decide
+from django_exclusive_jobs.run.claim import Decision, Insert, Record, aim, backfill, decide, run_now
 from django_exclusive_jobs.run.registry import Job
 from django_exclusive_jobs.run.schedules import make_schedule
 from django_exclusive_jobs.run.start import Start
@@ -248,6 +248,28 @@ def test_allow_all_a_first_claim_looks_in_turn_then_serves_the_slot_of_its_lock(
         None,
         "the job's history began after this slot, at 2026-11-24T10:00:00+00:00",
     )
+
+
+# --- a run asked for -----------------------------------------------------------------
+
+
+def test_a_run_now_inserts_a_run_with_no_slot_and_who_asked() -> None:
+    assert run_now("ops") == Decision(insert=Insert(None, 1, "ops"))
+
+
+def test_a_backfill_runs_the_slots_next_attempt_with_who_asked() -> None:
+    assert backfill(at(9), "ops", []) == Decision(
+        insert=Insert(at(9), 1, "ops", backfill=True), slot=at(9)
+    )
+    newest = [run(at(9), RunStatus.FAILED, attempt=2), run(at(9), RunStatus.MISSED)]
+    decided = backfill(at(9), "ops", newest)
+    assert (decided.insert, decided.existing) == (Insert(at(9), 3, "ops", backfill=True), None)
+
+
+def test_a_backfill_of_a_slot_that_succeeded_is_that_run() -> None:
+    done = run(at(9), RunStatus.SUCCEEDED)
+    decided = backfill(at(9), "ops", [run(at(9), RunStatus.FAILED, attempt=2), done])
+    assert (decided.existing, decided.insert, decided.slot) == (done, None, at(9))
 
 
 # --- why a run starts --------------------------------------------------------------------

@@ -38,6 +38,8 @@ class Insert:
 
     slot: dt.datetime | None
     attempt: int = 1
+    requested_by: str = ""  # run now, a backfill: who asked
+    backfill: bool = False  # a past slot run again
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,23 @@ def decide(
     if plan.run is None:
         return replace(planned, why=_why_none(job, plan, current, state))
     return replace(planned, insert=Insert(plan.run), slot=plan.run, more=plan.more)
+
+
+def run_now(by: str) -> Decision:
+    """A run asked for now, here: outside the schedule, paused or not."""
+    return Decision(insert=Insert(None, requested_by=by))
+
+
+def backfill(slot: dt.datetime, by: str, found: list[JobRun]) -> Decision:
+    """A backfill of ``slot`` whose rows are ``found`` (newest attempt first): its next
+    attempt (1 when it has none, else one above its newest: missed, skipped, failed...),
+    recorded ``backfill`` with who asked; or, when the slot has a run that succeeded (or
+    enqueued its task) by now, that run: never twice."""
+    done = [run for run in found if run.status in RunStatus.done()]
+    if done:
+        return Decision(existing=done[0], slot=slot)
+    attempt = found[0].attempt + 1 if found else 1
+    return Decision(insert=Insert(slot, attempt, by, backfill=True), slot=slot)
 
 
 def _again(job: Job, latest: JobRun, current: dt.datetime, now: dt.datetime) -> Decision:

@@ -147,7 +147,7 @@ def claim(
     if start.past_slot is not None:  # a backfill, here: paused or not
         return _backfill(lock, name, start.past_slot, start.requested_by, arguments)
     if start.requested_by:  # run now, here: paused or not, outside the schedule
-        return Claim(_insert(lock, name, None, arguments, requested_by=start.requested_by))
+        return _apply(lock, name, decision.run_now(start.requested_by), arguments)
     start_time(lock, start.not_before)  # the acquisition time is known
     assert lock.acquired_at is not None
     acquired, holder = lock.acquired_at, lock.holder
@@ -209,9 +209,17 @@ def _apply(lock: Lock, name: str, decided: decision.Decision, kwargs: dict[str, 
     with _together(lock, several=decided.together):
         for record in decided.records:
             _record_slots(lock, name, list(record.slots), record.status, record.text, kwargs)
-        run = decided.existing
-        if decided.insert is not None:
-            run = _insert(lock, name, decided.insert.slot, kwargs, attempt=decided.insert.attempt)
+        run, insert = decided.existing, decided.insert
+        if insert is not None:
+            run = _insert(
+                lock,
+                name,
+                insert.slot,
+                kwargs,
+                requested_by=insert.requested_by,
+                attempt=insert.attempt,
+                backfill=insert.backfill,
+            )
     return Claim(
         run,
         decided.slot,
@@ -326,9 +334,10 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
         found = _backfill(lock, name, request.slot, request.requested_by, kwargs)
         if found.run is None or not is_ours(found.run, lock):
             return found  # the slot has succeeded meanwhile: the request is used up
-        run = found.run
     else:
-        run = _insert(lock, name, None, kwargs, requested_by=request.requested_by)
+        found = _apply(lock, name, decision.run_now(request.requested_by), kwargs)
+    run = found.run
+    assert run is not None
     run_statement(lock.using, lambda: requests.update(run=run))
     return Claim(run, request.slot)
 
@@ -336,20 +345,12 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
 def _backfill(
     lock: Lock, name: str, slot: dt.datetime, requested_by: str, kwargs: dict[str, Any]
 ) -> Claim:
-    """A backfill of ``slot``: its next attempt (1 when it has no row, else one above its
-    newest: missed, skipped, failed...), recorded ``backfill`` with who asked; or, when
-    the slot has a run that succeeded (or enqueued its task) by now, that run: never
-    twice. Under the lock, so no other run of the job writes the slot's rows meanwhile."""
+    """A backfill of ``slot``: the slot's rows read, then what :func:`.claim.backfill`
+    decides (its next attempt, or the run that succeeded). Under the lock, so no other
+    run of the job writes the slot's rows meanwhile."""
     rows = _runs(lock.using).filter(name=name, slot=slot).order_by("-attempt")
     found = run_statement(lock.using, lambda: list(rows))
-    done = [run for run in found if run.status in RunStatus.done()]
-    if done:
-        return Claim(done[0], slot)
-    attempt = found[0].attempt + 1 if found else 1
-    run = _insert(
-        lock, name, slot, kwargs, requested_by=requested_by, attempt=attempt, backfill=True
-    )
-    return Claim(run, slot)
+    return _apply(lock, name, decision.backfill(slot, requested_by, found), kwargs)
 
 
 def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:
