@@ -9,6 +9,7 @@ from typing import Any
 from django_exclusive_jobs.models import JobRun, JobState, RunRequest
 from django_exclusive_jobs.run.catchup import make_catch_up, make_overlap
 from django_exclusive_jobs.run.claim import Decision, Insert, Record, aim, backfill, decide, run_now
+from django_exclusive_jobs.run.overrides import schedule_spec
 from django_exclusive_jobs.run.registry import Job
 from django_exclusive_jobs.run.schedules import make_schedule
 from django_exclusive_jobs.run.start import Start
@@ -225,6 +226,20 @@ def test_a_slot_that_fell_in_the_last_pause_runs_nothing() -> None:
         (),
         "its slot fell in its last pause",
     )
+
+
+def test_the_replaced_schedules_slots_nobody_ran_are_recorded_missed_first() -> None:
+    every_half_hour = schedule_spec(make_schedule(every="30m"))
+    state = JobState(name="nightly", schedule_since=at(10), schedule_before=every_half_hour)
+    decided = claim(job(), at(11, 40), run(at(8)), state=state)
+    old = [at(8, 30), at(9), at(9, 30)]
+    why = (
+        "No server ran this slot of its replaced schedule (every 30m) before its schedule "
+        f"changed at 2026-11-24T10:00:00+00:00; noticed by {ME} at 2026-11-24T11:40:00+00:00."
+    )
+    assert decided.records == (Record(tuple(old), RunStatus.MISSED, why),)
+    assert (decided.insert, decided.missed, decided.together) == (Insert(at(11)), old, True)
+    assert decided.replaced is not None and decided.replaced.slots == old
 
 
 def test_allow_all_a_slot_not_begun_runs_nothing() -> None:
