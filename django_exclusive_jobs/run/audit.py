@@ -12,7 +12,6 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..lock.clock import DatabaseNow
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 
@@ -32,18 +31,11 @@ def record(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
 ) -> None:
-    """One change (in the caller's transaction, if any: the caller retries)."""
-    from ..models import JobChange
+    """One change (in the caller's transaction, if any: the caller retries): written by
+    ``models.record_change``, which ``force_release`` on the tables' floor uses too."""
+    from ..models import record_change  # models: not before the app registry is ready
 
-    JobChange.objects.using(using).create(
-        name=name,
-        at=DatabaseNow(),
-        by=by[:255],
-        action=action,
-        reason=reason,
-        before=before or {},
-        after=after or {},
-    )
+    record_change(name, action, by=by, using=using, reason=reason, before=before, after=after)
 
 
 def recorded(name: str, action: str, *, by: str, using: str, **fields: Any) -> None:

@@ -26,9 +26,9 @@ from ..lock.clock import DatabaseClock, database_now
 from ..lock.errors import JobLockError, LockHeld, LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
-from ..lock.sql import holder_name
 from ..lock.validation import resolve_alias
 from ..logs import line
+from ..naming import holder_name
 from . import history, overrides, slot_locks
 from .catchup import Replaced
 from .child import ChildExit
