@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from . import forkserver
 from .forkserver import ForkServer
 from .tasks import Enqueued
 
@@ -52,6 +53,12 @@ def warm_up() -> None:
 def shut_down() -> None:
     """Stop the fork server (the scheduler stops; running jobs stop through their guard)."""
     _server.close()
+
+
+def serve_forks(fd: int) -> None:
+    """The fork server's entry (``ForkServer`` starts it): its loop, forking :func:`main`
+    for each request."""
+    forkserver.serve(fd, main)
 
 
 GUARD_TICK = 0.2  # seconds: how often a job's guard looks at the clock
