@@ -13,6 +13,9 @@ from collections.abc import Callable
 from importlib.util import find_spec
 from typing import Any
 
+from ..run import tracing
+from ..run.tracing import trace_context as trace_context  # its home is the run layer
+
 logger = logging.getLogger("django_exclusive_jobs")
 
 # The setting that turns each integration on, and the module it needs importable.
@@ -40,6 +43,8 @@ def connect_enabled() -> None:
 
         opentelemetry.connect()
         connected.add("OPENTELEMETRY")
+        # The run hands its trace context to the job's process through this hook.
+        tracing.set_context_of(opentelemetry.carrier_of)
     if app_settings.SENTRY_MONITORS is True and installed("SENTRY_MONITORS"):
         from . import sentry
 
@@ -53,30 +58,13 @@ def flush(timeout: float = 2.0) -> None:
     skips their own flush at exit. Never raises."""
     try:
         if "OPENTELEMETRY" in connected:
-            from .opentelemetry import export_spans
-
-            export_spans(timeout)
+            tracing.export_spans(timeout)
         if "SENTRY_MONITORS" in connected:
             import sentry_sdk
 
             sentry_sdk.flush(timeout=timeout)
     except Exception as exc:
         logger.warning("could not export what the monitoring integrations hold: %s", exc)
-
-
-def trace_context(lock: Any) -> dict[str, str]:
-    """The trace context of ``lock``'s run, for the job's own process (the scheduler's
-    child), so what the job traces nests in the run's span: empty unless OpenTelemetry
-    is on. Never raises."""
-    if "OPENTELEMETRY" not in connected:
-        return {}
-    from . import opentelemetry
-
-    try:
-        return opentelemetry.carrier_of(lock)
-    except Exception as exc:
-        logger.warning("OpenTelemetry: no trace context for the job's process: %s", exc)
-        return {}
 
 
 def connect_receivers(receivers: Any, dispatch: str, *, connected: bool = True) -> None:

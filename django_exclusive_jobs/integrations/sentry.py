@@ -22,9 +22,9 @@ from typing import Any, cast
 from ..conf import app_settings
 from ..lock.durations import parse_duration
 from ..lock.lock import Lock
-from ..run.process import KILL_AFTER
 from ..run.registry import Job, all_jobs, get_job
 from ..run.schedules import Cron, Every
+from ..run.shutdown import KILL_AFTER
 from ..run.status import RunStatus
 from ..signals import job_finished, job_started
 from . import connect_receivers, quietly

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -32,13 +31,14 @@ from .retries import Retries
 from .schedules import Schedule
 from .status import RunStatus
 from .tasks import Enqueued
+from .tracebacks import bounded_traceback
+from .tracebacks import error_type as error_type
 
 if TYPE_CHECKING:
     from ..models import JobRun, JobRunQuerySet, JobState, RunRequest
 
 logger = logging.getLogger("django_exclusive_jobs")
 
-TRACEBACK_LIMIT = 16_000
 PRUNE_BATCH = 1000
 
 
@@ -798,23 +798,6 @@ def record_end(
 def _unreachable(exc: BaseException) -> bool:
     """The database did not answer (as opposed to refusing the statement)."""
     return isinstance(exc.__cause__, (OperationalError, InterfaceError))
-
-
-def error_type(exc: BaseException) -> str:
-    """The exception's class name (for a job run in a child process: the child's)."""
-    return getattr(exc, "error_type", None) or type(exc).__qualname__
-
-
-def bounded_traceback(exc: BaseException) -> str:
-    """The exception and its traceback, cut in the middle if longer than the limit."""
-    text = getattr(exc, "traceback_text", None) or "".join(
-        traceback.format_exception(type(exc), exc, exc.__traceback__)
-    )
-    if len(text) <= TRACEBACK_LIMIT:
-        return text
-    head = TRACEBACK_LIMIT // 4
-    cut = len(text) - TRACEBACK_LIMIT
-    return f"{text[:head]}\n[... {cut} characters cut ...]\n{text[cut + head :]}"
 
 
 def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -> int:

@@ -36,6 +36,7 @@ from .registry import Job
 from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
 from .status import RunStatus
 from .tasks import Enqueued
+from .tracing import trace_context
 
 if TYPE_CHECKING:
     from ..models import JobState, RunRequest
@@ -278,7 +279,6 @@ class Run:
     def start_child(self, lock: Lock, *, grace: float) -> JobProcess | JobThread | RunResult:
         """Start the job in a process of its own (or, ``in_process=True``, a thread of
         this one); the ended result if it could not."""
-        from ..integrations import trace_context
         from ..lock.keepalive import watchdog_margin
         from .process import JobProcess
         from .thread import JobThread

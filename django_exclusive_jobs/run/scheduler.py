@@ -35,10 +35,10 @@ from ..logs import Line, line
 from . import control, overrides, spread
 from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
-from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
+from .process import JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import Run, RunResult
-from .shutdown import stop_on_signals
+from .shutdown import KILL_AFTER, stop_on_signals
 from .thread import JobThread
 
 if TYPE_CHECKING:
