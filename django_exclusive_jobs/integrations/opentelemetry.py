@@ -26,7 +26,7 @@ from ..run.tracing import TOOL as TOOL
 from ..run.tracing import continued as continued
 from ..run.tracing import export_spans as export_spans
 from ..signals import job_finished, job_skipped, job_started, lock_lost, slot_missed
-from . import connect_receivers, quietly
+from .receivers import connect_receivers, quietly
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context

@@ -27,7 +27,7 @@ from ..run.schedules import Cron, Every
 from ..run.shutdown import KILL_AFTER
 from ..run.status import RunStatus
 from ..signals import job_finished, job_started
-from . import connect_receivers, quietly
+from .receivers import connect_receivers, quietly
 
 TOOL = "Sentry"
 DISPATCH = "django_exclusive_jobs.sentry"

@@ -25,7 +25,7 @@ from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from ..logs import extra
 from ..values import storable
-from . import catchup, overrides, rows
+from . import catchup, overrides, rows, run_requests
 from .catchup import CatchUp
 from .retries import Retries
 from .schedules import Schedule
@@ -392,10 +392,9 @@ def job_state(name: str, *, using: str) -> JobState | None:
 def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:
     """Mark ``request`` taken by this run, unless another run took it first."""
     from ..models import RunRequest
-    from . import control
 
     requests = RunRequest.objects.using(lock.using).filter(pk=request.pk)
-    if not control.take(request, by=lock.holder, using=lock.using):
+    if not run_requests.take(request, by=lock.holder, using=lock.using):
         return Claim(None, why=f"run request {request.pk} was taken by another run")
     if request.slot is not None:
         found = _backfill(lock, name, request.slot, request.requested_by, kwargs)

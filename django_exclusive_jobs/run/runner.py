@@ -29,7 +29,7 @@ from ..lock.retry import run_statement
 from ..lock.validation import resolve_alias
 from ..logs import line
 from ..naming import holder_name
-from . import history, overrides, slot_locks
+from . import history, overrides, pausing, run_requests, slot_locks
 from .catchup import Replaced
 from .child import ChildExit
 from .registry import Job
@@ -406,13 +406,11 @@ class Run:
     def _watch_for_stop(self, lock: Lock, done: threading.Event) -> None:
         from django.db import connections
 
-        from . import control
-
         try:
-            while not done.wait(control.STOP_POLL):
+            while not done.wait(run_requests.STOP_POLL):
                 with suppress(JobLockError):
-                    asked = control.find_stop(self.name, token=lock.token, using=lock.using)
-                    if asked and control.take(asked, by=lock.holder, using=lock.using):
+                    asked = run_requests.find_stop(self.name, token=lock.token, using=lock.using)
+                    if asked and run_requests.take(asked, by=lock.holder, using=lock.using):
                         self.cancelled_by = asked.requested_by
                         by = asked.requested_by
                         said = f"stopping {self.name}: {by} runs a newer slot"
@@ -587,7 +585,6 @@ class Run:
         if held.token is None:
             return None
         from ..models import JobRun
-        from . import control
 
         using = resolve_alias(self.job.using)
         slot = self._due_slot()
@@ -596,7 +593,7 @@ class Run:
         if older is None or older >= slot:
             return None
         me = holder_name(process.host, process.pid, process.instance)
-        if control.ask_to_stop(self.name, token=held.token, by=me, using=using):
+        if run_requests.ask_to_stop(self.name, token=held.token, by=me, using=using):
             said = (
                 f"cancelling {self.name}: asked its run token={held.token} by {held.holder} to "
                 f"stop, for slot {slot.isoformat()} (overlap=cancel_other)"
@@ -702,10 +699,8 @@ class Run:
         failures = self.job.pause_after
         if not failures or result.status not in RunStatus.failures() or result.retry_at:
             return
-        from . import control
-
         try:
-            if control.pause_after_failures(self.name, failures, using=lock.using):
+            if pausing.pause_after_failures(self.name, failures, using=lock.using):
                 said = f"paused {self.name}: its last {failures} runs failed (pause_after)"
                 self._say(line("paused", said, job_name=self.name), normal=False)
         except JobLockError as exc:
@@ -763,9 +758,7 @@ class Run:
             looked = history.look(lock, self.name, declared.schedule, not_before)
         state = self._in_force(looked)
         if self.job.overlap == "cancel_other":  # stops asked of runs before ours are moot
-            from . import control
-
-            control.close_stops(self.name, below=lock.token, using=lock.using)
+            run_requests.close_stops(self.name, below=lock.token, using=lock.using)
         claim = history.claim(
             lock,
             self.name,
