@@ -16,6 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import __version__
 from ..lock.lock import Lock
 from ..run.registry import get_job
 from ..run.schedules import Cron, Every
@@ -86,8 +87,6 @@ def carrier_of(lock: Lock) -> dict[str, str]:
 
 def tracer() -> Any:
     from opentelemetry import trace
-
-    from .. import __version__
 
     return trace.get_tracer("django_exclusive_jobs", __version__)
 

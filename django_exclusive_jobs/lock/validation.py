@@ -22,8 +22,6 @@ MAX_TTL = dt.timedelta(days=366)
 
 def validate_name(name: object) -> str:
     """A lock's name: :func:`values.name` says what it may be."""
-    from .. import values
-
     return values.name(name, what="Lock name")
 
 

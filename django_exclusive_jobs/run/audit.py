@@ -12,6 +12,9 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import F
+
+from .. import values
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 
@@ -67,9 +70,6 @@ def refuse_if_changed(
     """In the write's transaction: lock ``name``'s row (a write: SQLite too), then refuse
     (:class:`Stale`, nothing written) if its ``version`` is no longer ``expected``,
     saying who last did one of ``actions`` (``did``: what, in words), when and why."""
-    from django.db.models import F
-
-    from .. import values
     from ..models import JobChange, JobState
 
     rows = JobState.objects.using(using).filter(name=name)

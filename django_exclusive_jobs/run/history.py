@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 
-from ..lock.clock import DatabaseNow, plus_seconds_sql
+from ..lock.acquire import prepare_locks
+from ..lock.clock import DatabaseNow, database_now, plus_seconds_sql
 from ..lock.errors import JobLockError, LockDatabaseError, LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
@@ -27,8 +28,10 @@ from ..logs import extra
 from ..values import storable
 from . import catchup, overrides, rows, run_requests
 from .catchup import CatchUp
+from .registry import all_jobs
 from .retries import Retries
 from .schedules import Schedule
+from .slot_locks import lock_name, prune
 from .status import RunStatus
 from .tasks import Enqueued
 from .tracebacks import bounded_traceback
@@ -324,7 +327,6 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
     PostgreSQL that takes READ COMMITTED, Django's default. (On SQLite the renewal
     already put the transactions in turn.)
     """
-    from ..lock.acquire import prepare_locks
     from ..models import JobLock
 
     prepare_locks([name], using=lock.using)  # the job's own row exists, to be locked
@@ -644,7 +646,6 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
     (its lease ran out under the run's own token, never released: its server died) are
     marked lost. One query, two more only when another slot is running."""
     from ..models import JobLock, LockState, lock_states
-    from .slot_locks import lock_name
 
     others = _runs(lock.using).filter(name=name, status=RunStatus.RUNNING, slot__isnull=False)
     running = run_statement(
@@ -802,10 +803,6 @@ def _unreachable(exc: BaseException) -> bool:
 def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -> int:
     """Delete prunable runs (see ``JobRunQuerySet.prunable``); return how many. The free
     locks of slots taken before then (``overlap="allow_all"``) go too."""
-    from ..lock.clock import database_now
-    from .registry import all_jobs
-    from .slot_locks import prune
-
     check_outside_transaction(using)
     runs = _runs(using)
     if dry_run:

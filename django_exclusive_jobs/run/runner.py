@@ -24,6 +24,7 @@ from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
 from ..lock.clock import DatabaseClock, database_now
 from ..lock.errors import JobLockError, LockHeld, LockLost
+from ..lock.keepalive import watchdog_margin
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import resolve_alias
@@ -32,16 +33,16 @@ from ..naming import holder_name
 from . import history, overrides, pausing, run_requests, slot_locks
 from .catchup import Replaced
 from .child import ChildExit
+from .process import JobFailed, JobProcess, Outcome
 from .registry import Job
-from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
+from .shutdown import Cancelled, Interrupted, TimedOut, stop_on_signals, time_limit
 from .status import RunStatus
 from .tasks import Enqueued
+from .thread import JobThread
 from .tracing import trace_context
 
 if TYPE_CHECKING:
     from ..models import JobState, RunRequest
-    from .process import JobProcess, Outcome
-    from .thread import JobThread
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -279,10 +280,6 @@ class Run:
     def start_child(self, lock: Lock, *, grace: float) -> JobProcess | JobThread | RunResult:
         """Start the job in a process of its own (or, ``in_process=True``, a thread of
         this one); the ended result if it could not."""
-        from ..lock.keepalive import watchdog_margin
-        from .process import JobProcess
-        from .thread import JobThread
-
         result = self.begin(lock)
         with self._executing(result):
             self._may_start(lock)
@@ -315,8 +312,6 @@ class Run:
 
     def end_child(self, child: JobProcess | JobThread, outcome: Outcome) -> RunResult:
         """Record and finish the run whose process (or thread) ended with ``outcome``."""
-        from .process import JobFailed
-
         lock = self.lock
         assert lock is not None
         result = self.begin(lock)
@@ -997,8 +992,6 @@ def call_each_due(make_run: Callable[[dt.datetime | None], Run]) -> RunResult:
     unsuccessful attempt with retries left (``retries=N``), wait until its ``retry_at``
     on the database's clock and run the slot's next attempt. Each is a run of its own,
     built by ``make_run(not_before)``. The last run's result."""
-    from .shutdown import stop_on_signals
-
     current = [make_run(None)]
     received: list[int] = []  # a signal that came between two runs stops the next one
     followed = 0  # runs started because the one before overran (a buffering overlap)
