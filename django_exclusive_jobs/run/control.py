@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
+from ..models import JobChange, RunRequest, Scheduler, SchedulerQuerySet
 from . import audit
 from .pausing import AUTO_PAUSER as AUTO_PAUSER
 from .pausing import pause as pause
@@ -46,9 +47,6 @@ from .run_requests import take as take
 from .runner import Run, RunResult
 from .shutdown import stop_on_signals
 
-if TYPE_CHECKING:
-    from ..models import RunRequest, SchedulerQuerySet
-
 
 def request_run(
     name: str,
@@ -61,8 +59,6 @@ def request_run(
     """Ask for one run of ``name`` outside its schedule (a scheduler will run it); with
     ``slot``, a backfill of that past slot (see ``run/backfill.py``); with ``kwargs``,
     run with them over the job's declared ones (checked here: LockConfigurationError)."""
-    from ..models import JobChange, RunRequest
-
     given = _checked(name, kwargs)
 
     def write() -> RunRequest:
@@ -93,8 +89,6 @@ def pending(names: list[str], *, using: str) -> list[RunRequest]:
     """Requests for these jobs that wait, runs and stops, in the order they are served
     (one query): as asked, but a job's backfill requests oldest slot first, wherever they
     stand (a backfill asked for later may reach further back)."""
-    from ..models import RunRequest
-
     waiting = RunRequest.objects.using(using).pending().filter(name__in=names).order_by("id")
     requests = run_statement(using, lambda: list(waiting))
     backfills: dict[str, list[RunRequest]] = {}
@@ -114,8 +108,6 @@ def cancel(request_id: int, *, by: str, using: str) -> bool:
     """Cancel a run request no run has taken yet; False if it was taken (or cancelled)
     first. A run that takes a request marks it taken in one conditional UPDATE, so a
     request is either run once or cancelled, never both."""
-    from ..models import JobChange, RunRequest
-
     waiting = RunRequest.objects.using(using).pending().filter(pk=request_id)
     now = DatabaseNow()  # taken_at too: no run may take it from now on
     values = {"taken_at": now, "cancelled_at": now, "cancelled_by": by[:255]}
@@ -135,8 +127,6 @@ def cancel(request_id: int, *, by: str, using: str) -> bool:
 def acknowledge(schedulers: SchedulerQuerySet, *, by: str, using: str) -> int:
     """Acknowledge the gone ones among ``schedulers``: they are no problem from now on.
     Return how many."""
-    from ..models import Scheduler
-
     # Ids first: MySQL refuses an UPDATE whose subquery reads the table it updates.
     gone = schedulers.using(using).unacknowledged().values_list("pk", flat=True)
     ids = run_statement(using, lambda: list(gone))
@@ -164,8 +154,6 @@ def run_now(
     job = get_job(name)
     assert job is not None
     job = job.but(using=using).with_arguments(given)
-    from ..models import JobChange
-
     audit.recorded(name, JobChange.Action.RUN_NOW, by=by, after={"kwargs": given}, using=using)
     run = Run(job, requested_by=by, report=report, supervised=True)
     with stop_on_signals(run.on_signal):
