@@ -37,14 +37,14 @@ def connect_enabled() -> None:
     """Connect the receivers of each integration whose setting is on and whose package is
     installed (system check W003 says when one is on and its package is missing)."""
     if app_settings.OPENTELEMETRY is True and installed("OPENTELEMETRY"):
-        from . import opentelemetry
+        from . import opentelemetry  # only when on: a project without it imports none of this
 
         opentelemetry.connect()
         connected.add("OPENTELEMETRY")
         # The run hands its trace context to the job's process through this hook.
         tracing.set_context_of(opentelemetry.carrier_of)
     if app_settings.SENTRY_MONITORS is True and installed("SENTRY_MONITORS"):
-        from . import sentry
+        from . import sentry  # only when on: a project without it imports none of this
 
         sentry.connect()
         connected.add("SENTRY_MONITORS")
@@ -58,7 +58,7 @@ def flush(timeout: float = 2.0) -> None:
         if "OPENTELEMETRY" in connected:
             tracing.export_spans(timeout)
         if "SENTRY_MONITORS" in connected:
-            import sentry_sdk
+            import sentry_sdk  # optional package: imported only when its integration is on
 
             sentry_sdk.flush(timeout=timeout)
     except Exception as exc:

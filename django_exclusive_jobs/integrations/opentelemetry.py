@@ -76,7 +76,7 @@ runs = _Runs()
 def carrier_of(lock: Lock) -> dict[str, str]:
     """The W3C trace context of ``lock``'s run span (empty if it has none), for the job's
     own process: see :func:`continued`."""
-    from opentelemetry import propagate, trace
+    from opentelemetry import propagate, trace  # optional package (its extra)
 
     span = runs.get(lock)
     carrier: dict[str, str] = {}
@@ -86,7 +86,7 @@ def carrier_of(lock: Lock) -> dict[str, str]:
 
 
 def tracer() -> Any:
-    from opentelemetry import trace
+    from opentelemetry import trace  # optional package (its extra)
 
     return trace.get_tracer("django_exclusive_jobs", __version__)
 
@@ -122,7 +122,7 @@ def on_started(
     in_process: bool = False,
     **kwargs: Any,
 ) -> None:
-    from opentelemetry import context, trace
+    from opentelemetry import context, trace  # optional package (its extra)
 
     now = time.time_ns()
     # The lock was taken on the database's clock: a clock a little ahead of this one must
@@ -179,7 +179,7 @@ def on_finished(
     final: bool = True,
     **kwargs: Any,
 ) -> None:
-    from opentelemetry import context, trace
+    from opentelemetry import context, trace  # optional package (its extra)
 
     found = runs.pop(lock)
     if found is None:
@@ -201,7 +201,7 @@ def on_finished(
 
 @quietly(TOOL, "the skip")
 def on_skipped(sender: Any, name: str, holder: str, **kwargs: Any) -> None:
-    from opentelemetry import trace
+    from opentelemetry import trace  # optional package (its extra)
 
     missed = [slot.isoformat() for missed_name, slot in runs.take_missed() if missed_name == name]
     span = trace.get_current_span()

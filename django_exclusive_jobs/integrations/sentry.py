@@ -163,7 +163,7 @@ def on_started(
     if config is None:
         return
     assert slot is not None
-    from sentry_sdk.crons import capture_checkin
+    from sentry_sdk.crons import capture_checkin  # optional package (its extra)
 
     capture_checkin(
         monitor_slug=monitor_slug(name),
@@ -192,7 +192,7 @@ def on_finished(
     if config is None:
         return
     assert slot is not None
-    from sentry_sdk.crons import capture_checkin
+    from sentry_sdk.crons import capture_checkin  # optional package (its extra)
 
     capture_checkin(
         monitor_slug=monitor_slug(name),

@@ -123,7 +123,7 @@ class Statements:
     """The protocol's statements on one connection (its vendor's SQL)."""
 
     def __init__(self, connection: Any) -> None:
-        from ..models import JobLock
+        from ..models import JobLock  # models: not before apps are ready
 
         self.connection = connection
         self.returning = connection.vendor != "mysql"

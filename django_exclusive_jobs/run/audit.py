@@ -48,7 +48,7 @@ def recorded(name: str, action: str, *, by: str, using: str, **fields: Any) -> N
 
 def changes(name: str, *, using: str, limit: int = SHOWN) -> list[JobChange]:
     """The job's newest changes, newest first (one query)."""
-    from ..models import JobChange
+    from ..models import JobChange  # models: not before apps are ready
 
     rows = JobChange.objects.using(using).filter(name=name).order_by("-at", "-id")[:limit]
     return run_statement(using, lambda: list(rows))
@@ -70,7 +70,7 @@ def refuse_if_changed(
     """In the write's transaction: lock ``name``'s row (a write: SQLite too), then refuse
     (:class:`Stale`, nothing written) if its ``version`` is no longer ``expected``,
     saying who last did one of ``actions`` (``did``: what, in words), when and why."""
-    from ..models import JobChange, JobState
+    from ..models import JobChange, JobState  # models: not before apps are ready
 
     rows = JobState.objects.using(using).filter(name=name)
     rows.update(name=F("name"))  # the row's lock, until the transaction ends

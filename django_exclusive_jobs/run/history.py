@@ -109,7 +109,7 @@ def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | No
     schedule, so the look is bounded not by the slot but by the latest the start may
     serve under any schedule (the start's time and the slot tolerance, which an
     override keeps); :func:`claim` looks again if the run read is after its slot."""
-    from ..models import JobRun, JobState
+    from ..models import JobRun, JobState  # models: not before apps are ready
 
     bound = start_time(lock, not_before) + schedule.early_limit()
     where = [("name", "=", name), ("slot", "<=", bound)]
@@ -192,7 +192,7 @@ def claim(
         if slot > current:
             return Claim(None, why=f"slot {slot.isoformat()} has not begun on database time")
         current = slot
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     # One indexed look-up: the current slot's newest attempt if any, else the newest
     # attempt of the newest slot before it; and whether any run was left running by an
@@ -327,7 +327,7 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
     PostgreSQL that takes READ COMMITTED, Django's default. (On SQLite the renewal
     already put the transactions in turn.)
     """
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     prepare_locks([name], using=lock.using)  # the job's own row exists, to be locked
 
@@ -383,7 +383,7 @@ def _ours(lock: Lock) -> dict[str, Any]:
 def job_state(name: str, *, using: str) -> JobState | None:
     """What operators decided about ``name`` (its pause, its override): one query, which
     every start makes after taking the lock, before its claim."""
-    from ..models import JobState
+    from ..models import JobState  # models: not before apps are ready
 
     state: JobState | None = run_statement(
         using, lambda: rows.first(JobState, using, [("name", "=", name)])
@@ -393,7 +393,7 @@ def job_state(name: str, *, using: str) -> JobState | None:
 
 def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:
     """Mark ``request`` taken by this run, unless another run took it first."""
-    from ..models import RunRequest
+    from ..models import RunRequest  # models: not before apps are ready
 
     requests = RunRequest.objects.using(lock.using).filter(pk=request.pk)
     if not run_requests.take(request, by=lock.holder, using=lock.using):
@@ -482,7 +482,7 @@ def _insert(
     attempt: int = 1,
     backfill: bool = False,
 ) -> JobRun:
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     runs = _runs(lock.using)
     values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
@@ -550,7 +550,7 @@ def _record_slots(
 ) -> None:
     """Rows for slots that did not run (``missed``, ``skipped``), ignoring any that has a
     row already; written by the lock's holder."""
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     noticed = lock.acquired_at  # database time
     assert noticed is not None
@@ -617,7 +617,7 @@ def close_abandoned(
         f"The lock was taken over by token {lock.token} after this run's lease ran "
         "out or it was force-released: its server crashed, or lost the lock."
     )
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     where = list(_abandoned(name, lock))
     if side_by_side:
@@ -645,7 +645,7 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
     """``overlap="allow_all"``: runs of other slots of ``name`` whose slot lock is stale
     (its lease ran out under the run's own token, never released: its server died) are
     marked lost. One query, two more only when another slot is running."""
-    from ..models import JobLock, LockState, lock_states
+    from ..models import JobLock, LockState, lock_states  # models: not before apps are ready
 
     others = _runs(lock.using).filter(name=name, status=RunStatus.RUNNING, slot__isnull=False)
     running = run_statement(
@@ -730,7 +730,7 @@ def record_end(
         "task_backend": storable(enqueued.backend) if enqueued else "",
         "retry_at": retry_at,
     }
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     ours = [("pk", "=", run_id), ("token", "=", lock.token)]
 
@@ -823,7 +823,7 @@ def delete_runs(ids: list[int], *, using: str) -> int:
     """Delete these runs, adding them to the run totals first (``RunTotal``), in one
     transaction; return how many were deleted. The metrics' counters count the totals
     and the rows kept, so they never go down when history is pruned."""
-    from ..models import RunTotal
+    from ..models import RunTotal  # models: not before apps are ready
 
     runs = _runs(using)
 
@@ -844,7 +844,7 @@ def delete_runs(ids: list[int], *, using: str) -> int:
 
 def add_to_totals(totals: Any, tallies: list[dict[str, Any]]) -> None:
     """Add rows of ``JobRunQuerySet.tallies()`` to ``RunTotal`` (inside a transaction)."""
-    from ..models import RunTotal
+    from ..models import RunTotal  # models: not before apps are ready
 
     def key(t: dict[str, Any]) -> tuple[str, str, str, str]:
         return (t["job"], t["state"], t["duration_le"], t["lateness_le"])

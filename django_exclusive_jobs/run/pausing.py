@@ -41,7 +41,7 @@ def pause(
     time: the pause then ends by itself, see ``models.pause_in_force``; one already past
     is refused), saying why. With ``expected`` (the :func:`pause_version` a form was
     opened on), only over that state: else ``overrides.Stale``, nothing written."""
-    from ..models import JobChange, JobState
+    from ..models import JobChange, JobState  # models: not before apps are ready
 
     if until is not None:
         _not_past(until, using)
@@ -86,7 +86,7 @@ def pause_version(state: JobState | None) -> str:
 
 def pause_version_of(name: str, *, using: str) -> str:
     """:func:`pause_version` of ``name``'s row now (one query)."""
-    from ..models import JobState
+    from ..models import JobState  # models: not before apps are ready
 
     rows = JobState.objects.using(using).filter(name=name)
     return pause_version(run_statement(using, rows.first))
@@ -95,7 +95,7 @@ def pause_version_of(name: str, *, using: str) -> str:
 def _pause_still(name: str, expected: str, using: str) -> None:
     """In the write's transaction: refuse (``Stale``, nothing written) if ``name``'s pause
     changed since ``expected`` (``audit.refuse_if_changed``)."""
-    from ..models import JobChange
+    from ..models import JobChange  # models: not before apps are ready
 
     def did(change: JobChange) -> str:
         return "paused it" if change.action == JobChange.Action.PAUSE else "resumed it"
@@ -120,7 +120,7 @@ def _not_past(until: dt.datetime, using: str) -> None:
 def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
     """Let ``name`` run again from its next slot; the slots of the pause are not missed.
     False if it was not paused (a pause past its end is over already: nothing written)."""
-    from ..models import JobChange
+    from ..models import JobChange  # models: not before apps are ready
 
     values = {"paused": False, "resumed_at": DatabaseNow(), "resumed_by": by[:255]}
 
@@ -136,7 +136,7 @@ def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
 
 def _paused(name: str, using: str) -> Any:
     """``name``'s row while paused now: a pause past its end is over (database time)."""
-    from ..models import JobState, pause_in_force
+    from ..models import JobState, pause_in_force  # models: not before apps are ready
 
     return JobState.objects.using(using).filter(pause_in_force(DatabaseNow()), name=name)
 
@@ -144,7 +144,7 @@ def _paused(name: str, using: str) -> Any:
 def pause_after_failures(name: str, failures: int, *, using: str) -> bool:
     """``pause_after=N``: pause ``name`` if its last ``failures`` runs failed (a slot's
     last attempt each). True if it paused it now: a health problem until resumed."""
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     runs = JobRun.objects.using(using).filter(name=name, retry_at__isnull=True)
     runs = runs.exclude(status__in=[RunStatus.RUNNING, *RunStatus.not_runs()])

@@ -22,7 +22,7 @@ STOP_POLL = 2.0  # seconds between two looks for a stop, by a cancel_other run_e
 
 def ask_to_stop(name: str, *, token: int, by: str, using: str) -> bool:
     """Ask the run of ``name`` holding ``token`` to stop (once: False if it was asked)."""
-    from ..models import RunRequest
+    from ..models import RunRequest  # models: not before apps are ready
 
     requests = RunRequest.objects.using(using)
     if run_statement(using, requests.filter(name=name, stop_token=token).exists):
@@ -38,7 +38,7 @@ def ask_to_stop(name: str, *, token: int, by: str, using: str) -> bool:
 
 def find_stop(name: str, *, token: int, using: str) -> RunRequest | None:
     """The waiting stop asked of the run of ``name`` holding ``token``, if any."""
-    from ..models import RunRequest
+    from ..models import RunRequest  # models: not before apps are ready
 
     waiting = RunRequest.objects.using(using).pending().filter(name=name, stop_token=token)
     return run_statement(using, waiting.first)
@@ -46,7 +46,7 @@ def find_stop(name: str, *, token: int, using: str) -> RunRequest | None:
 
 def take(request: RunRequest, *, by: str, using: str) -> bool:
     """Mark ``request`` taken by ``by``; False if another took (or cancelled) it first."""
-    from ..models import RunRequest
+    from ..models import RunRequest  # models: not before apps are ready
 
     waiting = RunRequest.objects.using(using).pending().filter(pk=request.pk)
     values = {"taken_at": DatabaseNow(), "taken_by": by[:255]}
@@ -56,7 +56,7 @@ def take(request: RunRequest, *, by: str, using: str) -> bool:
 def close_stops(name: str, *, below: int, using: str) -> None:
     """Stops asked of runs of ``name`` older than token ``below`` are moot: those runs
     have ended (the lock has a newer holder)."""
-    from ..models import RunRequest
+    from ..models import RunRequest  # models: not before apps are ready
 
     moot = RunRequest.objects.using(using).pending().filter(name=name, stop_token__lt=below)
     values = {"taken_at": DatabaseNow(), "taken_by": "(the run had ended)"}

@@ -19,6 +19,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
+
 from .. import logs, signals
 from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
@@ -399,8 +401,6 @@ class Run:
             watcher.join()
 
     def _watch_for_stop(self, lock: Lock, done: threading.Event) -> None:
-        from django.db import connections
-
         try:
             while not done.wait(run_requests.STOP_POLL):
                 with suppress(JobLockError):
@@ -579,7 +579,7 @@ class Run:
             return None
         if held.token is None:
             return None
-        from ..models import JobRun
+        from ..models import JobRun  # models: not before apps are ready
 
         using = resolve_alias(self.job.using)
         slot = self._due_slot()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.db.models import Q
+
 from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
@@ -39,9 +41,7 @@ def prepare(name: str, slot: dt.datetime, *, using: str) -> str:
 
 def prune(names: list[str], before: dt.datetime, *, using: str) -> int:
     """Delete the free slot locks of the jobs ``names`` taken before ``before``."""
-    from django.db.models import Q
-
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     if not names:
         return 0
