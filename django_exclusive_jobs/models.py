@@ -34,8 +34,9 @@ from django.db.models.functions import RowNumber
 from django.db.models.lookups import LessThanOrEqual
 from django.utils.translation import gettext_lazy as _
 
+from .conf import app_settings
 from .lock.clock import DatabaseNow, SecondsBetween, now_plus
-from .lock.sql import holder_name
+from .naming import describe_arguments, holder_name, job_of
 from .run.status import RunStatus
 from .values import EARLIEST, LATEST
 
@@ -96,8 +97,6 @@ def running_long(
     """The one rule for "running long": a run has lasted over ``factor`` (the setting
     ``RUNNING_LONG_FACTOR``) times its job's median duration (:meth:`JobRunQuerySet.medians`).
     Shown to people, never acted on."""
-    from .conf import app_settings
-
     factor = float(app_settings.RUNNING_LONG_FACTOR if factor is None else factor)
     return running_for is not None and bool(median) and running_for > factor * (median or 0)
 
@@ -176,9 +175,6 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
         or ``ensure_held()`` raises ``LockLost`` and the next acquisition takes a
         higher token.
         """
-        from .run import audit
-        from .run.slot_locks import job_of
-
         now = DatabaseNow()
         freed = self.exclude(lock_states()[LockState.FREE])
         if not by:
@@ -193,7 +189,7 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
                 if freed.filter(pk=pk).update(released_at=now, expires_at=now):
                     count += 1
                     before = {"token": token, "holder": f"{host}:{pid}" if host else ""}
-                    audit.record(
+                    record_change(
                         job_of(name), JobChange.Action.FORCE_RELEASE, by=by, before=before,
                         after={"lock": name}, using=self.db,
                     )  # fmt: skip
@@ -857,6 +853,29 @@ class JobChange(models.Model):
         return json.dumps(self.after, sort_keys=True, ensure_ascii=False) if self.after else ""
 
 
+def record_change(
+    name: str,
+    action: str,
+    *,
+    by: str,
+    using: str,
+    reason: str = "",
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> None:
+    """One ``JobChange`` (in the caller's transaction, if any: the caller retries); the
+    audit's ``record`` (``run/audit.py``) is this."""
+    JobChange.objects.using(using).create(
+        name=name,
+        at=DatabaseNow(),
+        by=by[:255],
+        action=action,
+        reason=reason,
+        before=before or {},
+        after=after or {},
+    )
+
+
 class RunRequestQuerySet(models.QuerySet["RunRequest"]):
     def pending(self) -> RunRequestQuerySet:
         """Requests that wait: neither taken nor cancelled."""
@@ -933,6 +952,4 @@ class RunRequest(models.Model):
     @property
     def arguments(self) -> str:
         """The arguments it was asked for with, as one line of JSON ("" for none)."""
-        from .run.arguments import describe
-
-        return describe(self.kwargs)
+        return describe_arguments(self.kwargs)

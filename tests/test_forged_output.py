@@ -17,8 +17,8 @@ from pathlib import Path
 
 from django_exclusive_jobs.models import JobRun, JobState
 from django_exclusive_jobs.run import control, overrides
-from django_exclusive_jobs.run.history import TRACEBACK_LIMIT
 from django_exclusive_jobs.run.registry import get_job
+from django_exclusive_jobs.run.tracebacks import TRACEBACK_LIMIT
 from django_exclusive_jobs.values import REFUSED, SHOWN_LENGTH
 
 from .helpers import reaped

@@ -24,8 +24,8 @@ from django_exclusive_jobs.integrations import sentry as monitors
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.models import JobRun, RunStatus
 from django_exclusive_jobs.run import registry
-from django_exclusive_jobs.run.process import KILL_AFTER
 from django_exclusive_jobs.run.schedules import Cron, Every, make_schedule
+from django_exclusive_jobs.run.shutdown import KILL_AFTER
 
 from .observers import CapturingTransport, read
 from .test_command import command_env, manage, marker

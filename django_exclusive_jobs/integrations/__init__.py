@@ -7,11 +7,14 @@ never stops a job: whatever goes wrong in it (a tracer, a transport) is one warn
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from importlib.util import find_spec
-from typing import Any
+
+from ..conf import app_settings
+from ..run import tracing
+from ..run.tracing import trace_context as trace_context  # its home is the run layer
+from .receivers import connect_receivers as connect_receivers
+from .receivers import quietly as quietly
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -33,15 +36,15 @@ def installed(key: str) -> bool:
 def connect_enabled() -> None:
     """Connect the receivers of each integration whose setting is on and whose package is
     installed (system check W003 says when one is on and its package is missing)."""
-    from ..conf import app_settings
-
     if app_settings.OPENTELEMETRY is True and installed("OPENTELEMETRY"):
-        from . import opentelemetry
+        from . import opentelemetry  # only when on: a project without it imports none of this
 
         opentelemetry.connect()
         connected.add("OPENTELEMETRY")
+        # The run hands its trace context to the job's process through this hook.
+        tracing.set_context_of(opentelemetry.carrier_of)
     if app_settings.SENTRY_MONITORS is True and installed("SENTRY_MONITORS"):
-        from . import sentry
+        from . import sentry  # only when on: a project without it imports none of this
 
         sentry.connect()
         connected.add("SENTRY_MONITORS")
@@ -53,63 +56,10 @@ def flush(timeout: float = 2.0) -> None:
     skips their own flush at exit. Never raises."""
     try:
         if "OPENTELEMETRY" in connected:
-            from .opentelemetry import export_spans
-
-            export_spans(timeout)
+            tracing.export_spans(timeout)
         if "SENTRY_MONITORS" in connected:
-            import sentry_sdk
+            import sentry_sdk  # optional package: imported only when its integration is on
 
             sentry_sdk.flush(timeout=timeout)
     except Exception as exc:
         logger.warning("could not export what the monitoring integrations hold: %s", exc)
-
-
-def trace_context(lock: Any) -> dict[str, str]:
-    """The trace context of ``lock``'s run, for the job's own process (the scheduler's
-    child), so what the job traces nests in the run's span: empty unless OpenTelemetry
-    is on. Never raises."""
-    if "OPENTELEMETRY" not in connected:
-        return {}
-    from . import opentelemetry
-
-    try:
-        return opentelemetry.carrier_of(lock)
-    except Exception as exc:
-        logger.warning("OpenTelemetry: no trace context for the job's process: %s", exc)
-        return {}
-
-
-def connect_receivers(receivers: Any, dispatch: str, *, connected: bool = True) -> None:
-    """Connect (or, with ``connected=False``, disconnect) an integration's receivers,
-    each under a dispatch uid of its own."""
-    for signal, receiver in receivers:
-        uid = f"{dispatch}.{receiver.__name__}"
-        if connected:
-            signal.connect(receiver, dispatch_uid=uid)
-        else:
-            signal.disconnect(receiver, dispatch_uid=uid)
-
-
-def quietly(tool: str, what: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """A signal receiver that never raises: a failure is one warning line, and the job
-    goes on (Django's ``Signal.send`` would raise it into the run)."""
-
-    def decorate(receiver: Callable[..., None]) -> Callable[..., None]:
-        @functools.wraps(receiver)
-        def wrapper(*args: Any, **kwargs: Any) -> None:
-            try:
-                receiver(*args, **kwargs)
-            except Exception as exc:
-                name = kwargs.get("name") or getattr(kwargs.get("lock"), "name", "?")
-                logger.warning(
-                    "%s: could not report %s of %s (the job is not affected): %s: %s",
-                    tool,
-                    what,
-                    name,
-                    type(exc).__name__,
-                    " ".join(str(exc).split()),
-                )
-
-        return wrapper
-
-    return decorate

@@ -14,22 +14,25 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .. import __version__
 from ..lock.lock import Lock
 from ..run.registry import get_job
 from ..run.schedules import Cron, Every
 from ..run.status import RunStatus
+
+# Where the job runs, the run's trace is continued by the run layer itself.
+from ..run.tracing import TOOL as TOOL
+from ..run.tracing import continued as continued
+from ..run.tracing import export_spans as export_spans
 from ..signals import job_finished, job_skipped, job_started, lock_lost, slot_missed
-from . import connect_receivers, logger, quietly
+from .receivers import connect_receivers, quietly
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
-TOOL = "OpenTelemetry"
 PREFIX = "exclusive_jobs."
 DISPATCH = "django_exclusive_jobs.opentelemetry"
 
@@ -73,7 +76,7 @@ runs = _Runs()
 def carrier_of(lock: Lock) -> dict[str, str]:
     """The W3C trace context of ``lock``'s run span (empty if it has none), for the job's
     own process: see :func:`continued`."""
-    from opentelemetry import propagate, trace
+    from opentelemetry import propagate, trace  # optional package (its extra)
 
     span = runs.get(lock)
     carrier: dict[str, str] = {}
@@ -82,50 +85,8 @@ def carrier_of(lock: Lock) -> dict[str, str]:
     return carrier
 
 
-@contextmanager
-def continued(carrier: dict[str, str], *, flush: bool = True) -> Iterator[None]:
-    """Where the scheduler runs the job (its child process, or a thread of its own for
-    ``in_process=True``): while the job runs, the run's span is the parent of what it
-    traces. ``flush``: what it traced is exported at the end (a child process ends with
-    ``os._exit``; a thread leaves it to the scheduler's exporter). A failure here is one
-    warning line; the job runs all the same."""
-    token = None
-    try:
-        from opentelemetry import context, propagate
-
-        token = context.attach(propagate.extract(carrier))
-    except Exception as exc:
-        logger.warning("%s: could not continue the run's trace: %s", TOOL, exc)
-    try:
-        yield
-    finally:
-        try:
-            from opentelemetry import context
-
-            if token is not None:
-                context.detach(token)
-            if flush:
-                export_spans()
-        except Exception as exc:
-            logger.warning("%s: could not export the job's spans: %s", TOOL, exc)
-
-
-def export_spans(timeout: float | None = None) -> None:
-    """Export the spans the tracer provider still holds (its ``force_flush``, waiting at
-    most ``timeout`` seconds if given), if it has one."""
-    from opentelemetry import trace
-
-    export = getattr(trace.get_tracer_provider(), "force_flush", None)
-    if export is not None and timeout is not None:
-        export(int(timeout * 1000))
-    elif export is not None:
-        export()
-
-
 def tracer() -> Any:
-    from opentelemetry import trace
-
-    from .. import __version__
+    from opentelemetry import trace  # optional package (its extra)
 
     return trace.get_tracer("django_exclusive_jobs", __version__)
 
@@ -161,7 +122,7 @@ def on_started(
     in_process: bool = False,
     **kwargs: Any,
 ) -> None:
-    from opentelemetry import context, trace
+    from opentelemetry import context, trace  # optional package (its extra)
 
     now = time.time_ns()
     # The lock was taken on the database's clock: a clock a little ahead of this one must
@@ -218,7 +179,7 @@ def on_finished(
     final: bool = True,
     **kwargs: Any,
 ) -> None:
-    from opentelemetry import context, trace
+    from opentelemetry import context, trace  # optional package (its extra)
 
     found = runs.pop(lock)
     if found is None:
@@ -240,7 +201,7 @@ def on_finished(
 
 @quietly(TOOL, "the skip")
 def on_skipped(sender: Any, name: str, holder: str, **kwargs: Any) -> None:
-    from opentelemetry import trace
+    from opentelemetry import trace  # optional package (its extra)
 
     missed = [slot.isoformat() for missed_name, slot in runs.take_missed() if missed_name == name]
     span = trace.get_current_span()

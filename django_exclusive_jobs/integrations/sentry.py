@@ -22,12 +22,12 @@ from typing import Any, cast
 from ..conf import app_settings
 from ..lock.durations import parse_duration
 from ..lock.lock import Lock
-from ..run.process import KILL_AFTER
 from ..run.registry import Job, all_jobs, get_job
 from ..run.schedules import Cron, Every
+from ..run.shutdown import KILL_AFTER
 from ..run.status import RunStatus
 from ..signals import job_finished, job_started
-from . import connect_receivers, quietly
+from .receivers import connect_receivers, quietly
 
 TOOL = "Sentry"
 DISPATCH = "django_exclusive_jobs.sentry"
@@ -163,7 +163,7 @@ def on_started(
     if config is None:
         return
     assert slot is not None
-    from sentry_sdk.crons import capture_checkin
+    from sentry_sdk.crons import capture_checkin  # optional package (its extra)
 
     capture_checkin(
         monitor_slug=monitor_slug(name),
@@ -192,7 +192,7 @@ def on_finished(
     if config is None:
         return
     assert slot is not None
-    from sentry_sdk.crons import capture_checkin
+    from sentry_sdk.crons import capture_checkin  # optional package (its extra)
 
     capture_checkin(
         monitor_slug=monitor_slug(name),

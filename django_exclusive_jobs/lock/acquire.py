@@ -135,7 +135,7 @@ def force_release(name: str, *, using: str | None = None) -> bool:
 
     The holder's next renew or ``ensure_held()`` raises ``LockLost``.
     """
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     checked = validate_name(name)
     alias = resolve_alias(using)
@@ -209,7 +209,7 @@ def _create(
     name: str, alias: str, ttl: dt.timedelta, min_hold: dt.timedelta, started: float
 ) -> Lock | Held:
     """The name's first take: ``get_or_create`` its row; the unique name lets one win."""
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     me = process.me()
     rows = JobLock.objects.using(alias)
@@ -279,7 +279,7 @@ def prepare_locks(
     preparing at once never make the database report a duplicate key. Nothing is sent
     but one ``SELECT`` when every row exists.
     """
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     wanted = sorted({validate_name(name) for name in names})
     alias = resolve_alias(using)
@@ -308,7 +308,7 @@ def _first_token(alias: str, name: str) -> int:
 
 def _top_tokens(alias: str, names: list[str]) -> dict[str, int]:
     """The highest token in run history of each of ``names`` that has one (one query)."""
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     runs = JobRun.objects.using(alias).filter(name__in=names, token__isnull=False)
     return dict(runs.values_list("name").annotate(top=Max("token")).order_by())

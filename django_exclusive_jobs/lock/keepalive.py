@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.db import connections
 
 from ..logs import extra
 from .errors import LockLost
 
-if TYPE_CHECKING:
-    from .lock import Lock
-
 logger = logging.getLogger("django_exclusive_jobs")
+
+
+class Leased(Protocol):
+    """What the keep-alive needs of a held lock (``lock.Lock`` is one): ``lock.py``
+    imports this module, never the other way round."""
+
+    name: str
+    using: str
+    ttl: dt.timedelta
+    token: int
+
+    @property
+    def held(self) -> bool: ...
+
+    @property
+    def seconds_left(self) -> float: ...
+
+    def renew(self) -> None: ...
+
+    def _mark_lost(self, reason: str, *, unless_renewed_by: float | None = None) -> bool: ...
+
+    def _lease_slipped(self) -> bool: ...
 
 
 def watchdog_margin(ttl: float) -> float:
@@ -39,7 +59,7 @@ class KeepAlive(threading.Thread):
     connection never closed), where the renewal itself would wait without limit.
     """
 
-    def __init__(self, lock: Lock, *, interval: float | None = None) -> None:
+    def __init__(self, lock: Leased, *, interval: float | None = None) -> None:
         super().__init__(name=f"exclusive-jobs-keepalive:{lock.name}", daemon=True)
         self.lock = lock
         self.interval = interval if interval is not None else lock.ttl.total_seconds() / 3

@@ -23,9 +23,11 @@ from django.db import connections
 
 from .. import signals
 from ..logs import extra
+from ..naming import holder_name
 from .errors import JobLockError, LockLost
+from .keepalive import KeepAlive
 from .retry import run_statement
-from .sql import Identity, Statements, holder_name
+from .sql import Identity, Statements
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -233,8 +235,6 @@ class Lock:
         """Renew every ttl/3 from a background thread until released or lost."""
         if self._parent is not None or self._keepalive is not None:
             return
-        from .keepalive import KeepAlive
-
         self._keepalive = KeepAlive(self)
         self._keepalive.start()
 

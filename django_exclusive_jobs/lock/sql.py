@@ -32,14 +32,10 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 
+from ..naming import holder_name
 from .clock import now_sql, plus_seconds_sql, to_datetime
 
 COLUMNS = "token, host, pid, instance, thread, acquired_at, expires_at, released_at"
-
-
-def holder_name(host: str, pid: int | None, instance: str) -> str:
-    """How a holder is shown everywhere (logs, admin, CLI): ``host:pid:instance``."""
-    return f"{host}:{pid}:{instance[:8]}" if instance else ""
 
 
 class Identity(NamedTuple):
@@ -127,7 +123,7 @@ class Statements:
     """The protocol's statements on one connection (its vendor's SQL)."""
 
     def __init__(self, connection: Any) -> None:
-        from ..models import JobLock
+        from ..models import JobLock  # models: not before apps are ready
 
         self.connection = connection
         self.returning = connection.vendor != "mysql"

@@ -22,8 +22,6 @@ MAX_TTL = dt.timedelta(days=366)
 
 def validate_name(name: object) -> str:
     """A lock's name: :func:`values.name` says what it may be."""
-    from .. import values
-
     return values.name(name, what="Lock name")
 
 
@@ -75,7 +73,7 @@ def validate_wait(wait: DurationLike | None) -> float:
 
 def resolve_alias(using: str | None) -> str:
     """The database alias for the lock table: argument, setting, then routers."""
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     alias = using if using is not None else app_settings.DATABASE or router.db_for_write(JobLock)
     if not isinstance(alias, str) or alias not in connections.settings:

@@ -9,12 +9,12 @@ failure at 3 a.m.
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable
 from typing import Any
 
 from .. import values
 from ..lock.errors import LockConfigurationError
+from ..naming import describe_arguments
 
 # What each run gives a function that takes it: the slot it serves, and its lock's
 # fencing token (for writes that must refuse a holder that was taken over).
@@ -75,6 +75,6 @@ def _bare(signature: inspect.Signature) -> inspect.Signature:
     return signature.replace(parameters=parameters, return_annotation=empty)
 
 
-def describe(kwargs: dict[str, Any]) -> str:
-    """The arguments in one short line, as JSON ("" for none)."""
-    return json.dumps(kwargs, sort_keys=True, ensure_ascii=False) if kwargs else ""
+# The arguments in one short line, as JSON ("" for none): defined below the tables
+# (``naming.py``), which show a run request's arguments too.
+describe = describe_arguments

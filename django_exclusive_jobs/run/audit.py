@@ -12,7 +12,9 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..lock.clock import DatabaseNow
+from django.db.models import F
+
+from .. import values
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
 
@@ -32,18 +34,11 @@ def record(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
 ) -> None:
-    """One change (in the caller's transaction, if any: the caller retries)."""
-    from ..models import JobChange
+    """One change (in the caller's transaction, if any: the caller retries): written by
+    ``models.record_change``, which ``force_release`` on the tables' floor uses too."""
+    from ..models import record_change  # models: not before the app registry is ready
 
-    JobChange.objects.using(using).create(
-        name=name,
-        at=DatabaseNow(),
-        by=by[:255],
-        action=action,
-        reason=reason,
-        before=before or {},
-        after=after or {},
-    )
+    record_change(name, action, by=by, using=using, reason=reason, before=before, after=after)
 
 
 def recorded(name: str, action: str, *, by: str, using: str, **fields: Any) -> None:
@@ -53,7 +48,7 @@ def recorded(name: str, action: str, *, by: str, using: str, **fields: Any) -> N
 
 def changes(name: str, *, using: str, limit: int = SHOWN) -> list[JobChange]:
     """The job's newest changes, newest first (one query)."""
-    from ..models import JobChange
+    from ..models import JobChange  # models: not before apps are ready
 
     rows = JobChange.objects.using(using).filter(name=name).order_by("-at", "-id")[:limit]
     return run_statement(using, lambda: list(rows))
@@ -75,10 +70,7 @@ def refuse_if_changed(
     """In the write's transaction: lock ``name``'s row (a write: SQLite too), then refuse
     (:class:`Stale`, nothing written) if its ``version`` is no longer ``expected``,
     saying who last did one of ``actions`` (``did``: what, in words), when and why."""
-    from django.db.models import F
-
-    from .. import values
-    from ..models import JobChange, JobState
+    from ..models import JobChange, JobState  # models: not before apps are ready
 
     rows = JobState.objects.using(using).filter(name=name)
     rows.update(name=F("name"))  # the row's lock, until the transaction ends

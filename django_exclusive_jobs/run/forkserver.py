@@ -27,8 +27,13 @@ import struct
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from contextlib import suppress
+from multiprocessing.connection import Connection
 from typing import Any
+
+import django
+from django.conf import settings
 
 HEADER = struct.Struct("!I")
 ANSWER_WITHIN = 60.0  # seconds the fork server has to answer a request
@@ -77,7 +82,10 @@ class ForkServer:
             return
         self.close()
         ours, theirs = socket.socketpair()
-        code = f"from django_exclusive_jobs.run.forkserver import serve; serve({theirs.fileno()})"
+        # The server's entry is process.serve_forks (its loop is serve, below, forking
+        # process.main): process.py imports this module, never the other way round.
+        entry = "from django_exclusive_jobs.run.process import serve_forks"
+        code = f"{entry}; serve_forks({theirs.fileno()})"
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-c", code],
@@ -135,8 +143,6 @@ class ForkServer:
 def child_environment() -> dict[str, str]:
     """This process's environment, with what a new interpreter needs to import the same
     project: its module search path (made absolute) and its settings module."""
-    from django.conf import settings
-
     env = dict(os.environ)
     search = [os.path.abspath(entry or os.curdir) for entry in sys.path]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(search))
@@ -149,8 +155,6 @@ def child_environment() -> dict[str, str]:
 def settings_reproducible() -> bool:
     """False when settings came from ``settings.configure()``: a new interpreter (the
     fork server) cannot load them."""
-    from django.conf import settings
-
     return bool(getattr(settings, "SETTINGS_MODULE", None))
 
 
@@ -167,8 +171,9 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes | None:
 # --- in the fork server ---------------------------------------------------------------
 
 
-def serve(fd: int) -> None:
-    """The server's loop: fork a child per request, report each child's exit."""
+def serve(fd: int, child: Callable[..., None]) -> None:
+    """The server's loop: fork a child per request, which runs ``child(*request,
+    report=..., setup_failure=...)`` (``process.main``), and report each child's exit."""
     # A SIGTERM sent to the whole process group (kill -- -PGID, tini -g, supervisord's
     # stopasgroup) must not take the server down with its running jobs.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -187,7 +192,7 @@ def serve(fd: int) -> None:
                 os.read(wake_read, 512)
         _reap(exits)
         if requests.fileno() in ready and not _serve_one(
-            requests, exits, failure, (wake_read, wake_write)
+            requests, exits, failure, (wake_read, wake_write), child
         ):
             break
     for exit_write in exits.values():
@@ -196,7 +201,11 @@ def serve(fd: int) -> None:
 
 
 def _serve_one(
-    requests: socket.socket, exits: dict[int, int], failure: str, wake: tuple[int, int]
+    requests: socket.socket,
+    exits: dict[int, int],
+    failure: str,
+    wake: tuple[int, int],
+    child: Callable[..., None],
 ) -> bool:
     """Fork the child one request asks for; False when the scheduler is gone. A child
     that cannot be forked (a process limit, no file descriptors) is answered with pid 0:
@@ -229,7 +238,7 @@ def _serve_one(
             requests.close()
             for other in (*exits.values(), exit_write, *wake):
                 os.close(other)
-            _run_child(pickle.loads(payload), report_fd, failure)
+            _run_child(child, pickle.loads(payload), report_fd, failure)
         finally:
             os._exit(70)
     os.close(report_fd)
@@ -238,14 +247,10 @@ def _serve_one(
     return True
 
 
-def _run_child(request: Any, report_fd: int, failure: str) -> None:
-    from multiprocessing.connection import Connection
-
-    from .process import main
-
+def _run_child(child: Callable[..., None], request: Any, report_fd: int, failure: str) -> None:
     code = 70  # EX_SOFTWARE: main() itself failed
     try:
-        main(*request, report=Connection(report_fd), setup_failure=failure)
+        child(*request, report=Connection(report_fd), setup_failure=failure)
     finally:
         os._exit(code)
 
@@ -266,16 +271,13 @@ def _reap(exits: dict[int, int]) -> None:
 
 
 def _set_up_django() -> str:
-    """Set Django up, and import what a child runs, before any child forks; the error
-    text if it failed (each child then reports it: a half-set-up Django cannot be set up
-    again in the same process)."""
+    """Set Django up before any child forks; the error text if it failed (each child then
+    reports it: a half-set-up Django cannot be set up again in the same process). What
+    each child runs (``process.py``, and multiprocessing.connection, which it imports) is
+    imported already: it is the server's entry (imported in each child, it cost some
+    4.5 ms of CPU per run)."""
     try:
-        import django
-
         django.setup()
-        # What each child runs (and multiprocessing.connection, which it imports), imported
-        # once here: imported in each child, it cost some 4.5 ms of CPU per run.
-        from . import process  # noqa: F401
     except Exception:
         return traceback.format_exc()
     return ""

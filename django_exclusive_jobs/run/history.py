@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -19,19 +18,24 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 
-from ..lock.clock import DatabaseNow, plus_seconds_sql
+from ..lock.acquire import prepare_locks
+from ..lock.clock import DatabaseNow, database_now, plus_seconds_sql
 from ..lock.errors import JobLockError, LockDatabaseError, LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from ..logs import extra
 from ..values import storable
-from . import catchup, rows
+from . import catchup, rows, run_requests
 from . import claim as decision
+from .registry import all_jobs
 from .retries import Retries
 from .schedules import Schedule
+from .slot_locks import lock_name, prune
 from .status import RunStatus
 from .tasks import Enqueued
+from .tracebacks import bounded_traceback
+from .tracebacks import error_type as error_type
 
 if TYPE_CHECKING:
     from ..models import JobRun, JobRunQuerySet, JobState, RunRequest
@@ -40,7 +44,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_exclusive_jobs")
 
-TRACEBACK_LIMIT = 16_000
 PRUNE_BATCH = 1000
 
 
@@ -93,7 +96,7 @@ def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | No
     schedule, so the look is bounded not by the slot but by the latest the start may
     serve under any schedule (the start's time and the slot tolerance, which an
     override keeps); :func:`claim` looks again if the run read is after its slot."""
-    from ..models import JobRun, JobState
+    from ..models import JobRun, JobState  # models: not before apps are ready
 
     bound = start_time(lock, not_before) + schedule.early_limit()
     where = [("name", "=", name), ("slot", "<=", bound)]
@@ -181,7 +184,7 @@ def _latest(
     a start that finds none sends one statement, not two. A start that read the job's
     operator row with it (``looked``) looked up to a later bound: a run it read after
     the slot (an override moved the schedule) has it look again."""
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     where = [("name", "=", name), ("slot", "<=", current)]
     exists = ("abandoned", _abandoned(name, lock)) if its_slot else None
@@ -286,8 +289,7 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
     PostgreSQL that takes READ COMMITTED, Django's default. (On SQLite the renewal
     already put the transactions in turn.)
     """
-    from ..lock.acquire import prepare_locks
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     prepare_locks([name], using=lock.using)  # the job's own row exists, to be locked
 
@@ -314,7 +316,7 @@ def _ours(lock: Lock) -> dict[str, Any]:
 def job_state(name: str, *, using: str) -> JobState | None:
     """What operators decided about ``name`` (its pause, its override): one query, which
     every start makes after taking the lock, before its claim."""
-    from ..models import JobState
+    from ..models import JobState  # models: not before apps are ready
 
     state: JobState | None = run_statement(
         using, lambda: rows.first(JobState, using, [("name", "=", name)])
@@ -324,11 +326,10 @@ def job_state(name: str, *, using: str) -> JobState | None:
 
 def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:
     """Mark ``request`` taken by this run, unless another run took it first."""
-    from ..models import RunRequest
-    from . import control
+    from ..models import RunRequest  # models: not before apps are ready
 
     requests = RunRequest.objects.using(lock.using).filter(pk=request.pk)
-    if not control.take(request, by=lock.holder, using=lock.using):
+    if not run_requests.take(request, by=lock.holder, using=lock.using):
         return Claim(None, why=f"run request {request.pk} was taken by another run")
     if request.slot is not None:
         found = _backfill(lock, name, request.slot, request.requested_by, kwargs)
@@ -384,7 +385,7 @@ def _insert(
     attempt: int = 1,
     backfill: bool = False,
 ) -> JobRun:
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     runs = _runs(lock.using)
     values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
@@ -417,7 +418,7 @@ def _record_slots(
 ) -> None:
     """Rows for slots that did not run (``missed``, ``skipped``), ignoring any that has a
     row already; written by the lock's holder."""
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     noticed = lock.acquired_at  # database time
     assert noticed is not None
@@ -484,7 +485,7 @@ def close_abandoned(
         f"The lock was taken over by token {lock.token} after this run's lease ran "
         "out or it was force-released: its server crashed, or lost the lock."
     )
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     where = list(_abandoned(name, lock))
     if side_by_side:
@@ -512,8 +513,7 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
     """``overlap="allow_all"``: runs of other slots of ``name`` whose slot lock is stale
     (its lease ran out under the run's own token, never released: its server died) are
     marked lost. One query, two more only when another slot is running."""
-    from ..models import JobLock, LockState, lock_states
-    from .slot_locks import lock_name
+    from ..models import JobLock, LockState, lock_states  # models: not before apps are ready
 
     others = _runs(lock.using).filter(name=name, status=RunStatus.RUNNING, slot__isnull=False)
     running = run_statement(
@@ -598,7 +598,7 @@ def record_end(
         "task_backend": storable(enqueued.backend) if enqueued else "",
         "retry_at": retry_at,
     }
-    from ..models import JobRun
+    from ..models import JobRun  # models: not before apps are ready
 
     ours = [("pk", "=", run_id), ("token", "=", lock.token)]
 
@@ -668,30 +668,9 @@ def _unreachable(exc: BaseException) -> bool:
     return isinstance(exc.__cause__, (OperationalError, InterfaceError))
 
 
-def error_type(exc: BaseException) -> str:
-    """The exception's class name (for a job run in a child process: the child's)."""
-    return getattr(exc, "error_type", None) or type(exc).__qualname__
-
-
-def bounded_traceback(exc: BaseException) -> str:
-    """The exception and its traceback, cut in the middle if longer than the limit."""
-    text = getattr(exc, "traceback_text", None) or "".join(
-        traceback.format_exception(type(exc), exc, exc.__traceback__)
-    )
-    if len(text) <= TRACEBACK_LIMIT:
-        return text
-    head = TRACEBACK_LIMIT // 4
-    cut = len(text) - TRACEBACK_LIMIT
-    return f"{text[:head]}\n[... {cut} characters cut ...]\n{text[cut + head :]}"
-
-
 def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -> int:
     """Delete prunable runs (see ``JobRunQuerySet.prunable``); return how many. The free
     locks of slots taken before then (``overlap="allow_all"``) go too."""
-    from ..lock.clock import database_now
-    from .registry import all_jobs
-    from .slot_locks import prune
-
     check_outside_transaction(using)
     runs = _runs(using)
     if dry_run:
@@ -712,7 +691,7 @@ def delete_runs(ids: list[int], *, using: str) -> int:
     """Delete these runs, adding them to the run totals first (``RunTotal``), in one
     transaction; return how many were deleted. The metrics' counters count the totals
     and the rows kept, so they never go down when history is pruned."""
-    from ..models import RunTotal
+    from ..models import RunTotal  # models: not before apps are ready
 
     runs = _runs(using)
 
@@ -733,7 +712,7 @@ def delete_runs(ids: list[int], *, using: str) -> int:
 
 def add_to_totals(totals: Any, tallies: list[dict[str, Any]]) -> None:
     """Add rows of ``JobRunQuerySet.tallies()`` to ``RunTotal`` (inside a transaction)."""
-    from ..models import RunTotal
+    from ..models import RunTotal  # models: not before apps are ready
 
     def key(t: dict[str, Any]) -> tuple[str, str, str, str]:
         return (t["job"], t["state"], t["duration_le"], t["lateness_le"])

@@ -38,8 +38,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from django.db import connections
+
+from . import forkserver
 from .forkserver import ForkServer
+from .registry import get_job
+from .shutdown import KILL_AFTER, Interrupted, stop_on_signals
 from .tasks import Enqueued
+from .tracebacks import TRACEBACK_LIMIT, bounded_traceback
+from .tracing import continued
 
 _server = ForkServer()
 
@@ -54,8 +61,13 @@ def shut_down() -> None:
     _server.close()
 
 
+def serve_forks(fd: int) -> None:
+    """The fork server's entry (``ForkServer`` starts it): its loop, forking :func:`main`
+    for each request."""
+    forkserver.serve(fd, main)
+
+
 GUARD_TICK = 0.2  # seconds: how often a job's guard looks at the clock
-KILL_AFTER = 5.0  # seconds a job sent SIGTERM (a stop, its timeout) gets before SIGKILL
 
 
 class JobFailed(Exception):
@@ -228,10 +240,6 @@ def main(
     os.setsid()  # its own process group: a stop reaches the job's own children too
     timeout_at = None if timeout is None else time.monotonic() + timeout
     guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at))
-    from django.db import connections
-
-    from .shutdown import stop_on_signals
-
     # SIGTERM, SIGINT: Interrupted raised in the job while it runs; once it has ended
     # they are held until the process exits (the guard's SIGKILL still ends it).
     said = execute(
@@ -281,9 +289,6 @@ def execute(
     run's report says: it returned (and what it enqueued), was interrupted, or raised
     (its traceback). A child process and an in-process run (``thread.py``) both run a
     job this way; each closes its thread's database connections after the report."""
-    from .registry import get_job
-    from .shutdown import Interrupted
-
     try:
         if setup_failure:
             raise RuntimeError(
@@ -303,8 +308,6 @@ def execute(
     except Interrupted as exc:
         return {"interrupted_by": exc.signum, "ended": time.monotonic()}
     except BaseException as exc:  # everything a job raises is reported
-        from .history import TRACEBACK_LIMIT, bounded_traceback
-
         ended = time.monotonic()
         error = {
             "error_type": type(exc).__qualname__,
@@ -345,8 +348,6 @@ def _traced(trace: dict[str, str], *, flush: bool) -> AbstractContextManager[Non
     process, which ends with ``os._exit``)."""
     if not trace:
         return nullcontext()
-    from ..integrations.opentelemetry import continued
-
     return continued(trace, flush=flush)
 
 

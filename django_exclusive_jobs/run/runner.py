@@ -19,29 +19,33 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
+
 from .. import logs, signals
 from ..conf import app_settings
 from ..lock.acquire import acquire_or_raise
 from ..lock.clock import DatabaseClock, database_now
 from ..lock.errors import JobLockError, LockHeld, LockLost
+from ..lock.keepalive import watchdog_margin
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
-from ..lock.sql import holder_name
 from ..lock.validation import resolve_alias
 from ..logs import line
-from . import history, overrides, slot_locks
+from ..naming import holder_name
+from . import history, overrides, pausing, run_requests, slot_locks
 from .catchup import Replaced
 from .child import ChildExit
+from .process import JobFailed, JobProcess, Outcome
 from .registry import Job
-from .shutdown import Cancelled, Interrupted, TimedOut, time_limit
+from .shutdown import Cancelled, Interrupted, TimedOut, stop_on_signals, time_limit
 from .start import Start
 from .status import RunStatus
 from .tasks import Enqueued
+from .thread import JobThread
+from .tracing import trace_context
 
 if TYPE_CHECKING:
     from ..models import JobState, RunRequest
-    from .process import JobProcess, Outcome
-    from .thread import JobThread
 
 logger = logging.getLogger("django_exclusive_jobs")
 
@@ -274,11 +278,6 @@ class Run:
     def start_child(self, lock: Lock, *, grace: float) -> JobProcess | JobThread | RunResult:
         """Start the job in a process of its own (or, ``in_process=True``, a thread of
         this one); the ended result if it could not."""
-        from ..integrations import trace_context
-        from ..lock.keepalive import watchdog_margin
-        from .process import JobProcess
-        from .thread import JobThread
-
         result = self.begin(lock)
         with self._executing(result):
             self._may_start(lock)
@@ -311,8 +310,6 @@ class Run:
 
     def end_child(self, child: JobProcess | JobThread, outcome: Outcome) -> RunResult:
         """Record and finish the run whose process (or thread) ended with ``outcome``."""
-        from .process import JobFailed
-
         lock = self.lock
         assert lock is not None
         result = self.begin(lock)
@@ -400,15 +397,11 @@ class Run:
             watcher.join()
 
     def _watch_for_stop(self, lock: Lock, done: threading.Event) -> None:
-        from django.db import connections
-
-        from . import control
-
         try:
-            while not done.wait(control.STOP_POLL):
+            while not done.wait(run_requests.STOP_POLL):
                 with suppress(JobLockError):
-                    asked = control.find_stop(self.name, token=lock.token, using=lock.using)
-                    if asked and control.take(asked, by=lock.holder, using=lock.using):
+                    asked = run_requests.find_stop(self.name, token=lock.token, using=lock.using)
+                    if asked and run_requests.take(asked, by=lock.holder, using=lock.using):
                         self.cancelled_by = asked.requested_by
                         by = asked.requested_by
                         said = f"stopping {self.name}: {by} runs a newer slot"
@@ -580,8 +573,7 @@ class Run:
             return None
         if held.token is None:
             return None
-        from ..models import JobRun
-        from . import control
+        from ..models import JobRun  # models: not before apps are ready
 
         using = resolve_alias(self.job.using)
         slot = self._due_slot()
@@ -590,7 +582,7 @@ class Run:
         if older is None or older >= slot:
             return None
         me = holder_name(process.host, process.pid, process.instance)
-        if control.ask_to_stop(self.name, token=held.token, by=me, using=using):
+        if run_requests.ask_to_stop(self.name, token=held.token, by=me, using=using):
             said = (
                 f"cancelling {self.name}: asked its run token={held.token} by {held.holder} to "
                 f"stop, for slot {slot.isoformat()} (overlap=cancel_other)"
@@ -696,10 +688,8 @@ class Run:
         failures = self.job.pause_after
         if not failures or result.status not in RunStatus.failures() or result.retry_at:
             return
-        from . import control
-
         try:
-            if control.pause_after_failures(self.name, failures, using=lock.using):
+            if pausing.pause_after_failures(self.name, failures, using=lock.using):
                 said = f"paused {self.name}: its last {failures} runs failed (pause_after)"
                 self._say(line("paused", said, job_name=self.name), normal=False)
         except JobLockError as exc:
@@ -751,9 +741,7 @@ class Run:
             looked = history.look(lock, self.name, declared.schedule, not_before)
         state = self._in_force(looked)
         if self.job.overlap.stops_older_run:  # stops asked of runs before ours are moot
-            from . import control
-
-            control.close_stops(self.name, below=lock.token, using=lock.using)
+            run_requests.close_stops(self.name, below=lock.token, using=lock.using)
         # The start as served now: a due slot the database's clock was far from is the
         # slot of its time (see _on_time).
         start = self.reason.waited(not_before)
@@ -982,8 +970,6 @@ def call_each_due(make_run: Callable[[dt.datetime | None], Run]) -> RunResult:
     unsuccessful attempt with retries left (``retries=N``), wait until its ``retry_at``
     on the database's clock and run the slot's next attempt. Each is a run of its own,
     built by ``make_run(not_before)``. The last run's result."""
-    from .shutdown import stop_on_signals
-
     current = [make_run(None)]
     received: list[int] = []  # a signal that came between two runs stops the next one
     followed = 0  # runs started because the one before overran (a buffering overlap)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .. import logs
 from ..lock.acquire import prepare_locks
@@ -32,18 +32,17 @@ from ..lock.errors import JobLockError, LockDatabaseError
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..logs import Line, line
+from ..models import JobRun, RunRequest
+from ..models import Scheduler as SchedulerRow
 from . import control, overrides, spread
 from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
-from .process import KILL_AFTER, JobProcess, Outcome, shut_down, warm_up
+from .process import JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import Run, RunResult
-from .shutdown import stop_on_signals
+from .shutdown import KILL_AFTER, stop_on_signals
 from .start import Start
 from .thread import JobThread
-
-if TYPE_CHECKING:
-    from ..models import RunRequest
 
 logger = logging.getLogger("django_exclusive_jobs")
 _T = TypeVar("_T")
@@ -250,8 +249,6 @@ class Scheduler:
         for its next slot's start. A job that never ran waits too. A latest slot whose
         start (with its jitter) is still to come is due then. ``names``: only these
         (their schedule was overridden), else every job."""
-        from ..models import JobRun
-
         chosen = list(self.jobs) if names is None else names
         names = [name for name in chosen if name not in self.misconfigured]
         for name in names:
@@ -814,6 +811,4 @@ def _slot_and_start(job: Job, due: dt.datetime) -> tuple[dt.datetime, dt.datetim
 
 
 def _beat_seconds() -> float:
-    from ..models import Scheduler as SchedulerRow
-
     return SchedulerRow.BEAT.total_seconds()

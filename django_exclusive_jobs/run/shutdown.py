@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+KILL_AFTER = 5.0  # seconds a job sent SIGTERM (a stop, its timeout) gets before SIGKILL
+
 
 class Interrupted(BaseException):
     """Raised in the main thread when SIGTERM or SIGINT arrives during an in-process job.

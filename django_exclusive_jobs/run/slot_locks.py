@@ -17,31 +17,19 @@ higher token than the slots before. Runs of slots that overlap may share a token
 from __future__ import annotations
 
 import datetime as dt
-from contextlib import suppress
+
+from django.db.models import Q
 
 from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
 
-SEPARATOR = "@"
-FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-# How many characters a slot adds to the job's name (a job's name must leave room).
-LENGTH = len(SEPARATOR) + len(dt.datetime(2026, 1, 1).strftime(FORMAT))
-
-
-def lock_name(name: str, slot: dt.datetime) -> str:
-    """The lock of ``slot`` of the job ``name``."""
-    return f"{name}{SEPARATOR}{slot.astimezone(dt.UTC).strftime(FORMAT)}"
-
-
-def job_of(lock: str) -> str:
-    """The job whose lock ``lock`` is: the name before a slot's suffix, if it has one."""
-    job, separator, slot = lock.rpartition(SEPARATOR)
-    if separator and len(separator + slot) == LENGTH:
-        with suppress(ValueError):
-            dt.datetime.strptime(slot, FORMAT)
-            return job
-    return lock
+# How a slot's lock is named is defined below the tables (models.py reads it too).
+from ..naming import FORMAT as FORMAT
+from ..naming import LENGTH as LENGTH
+from ..naming import SEPARATOR as SEPARATOR
+from ..naming import job_of as job_of
+from ..naming import lock_name as lock_name
 
 
 def prepare(name: str, slot: dt.datetime, *, using: str) -> str:
@@ -53,9 +41,7 @@ def prepare(name: str, slot: dt.datetime, *, using: str) -> str:
 
 def prune(names: list[str], before: dt.datetime, *, using: str) -> int:
     """Delete the free slot locks of the jobs ``names`` taken before ``before``."""
-    from django.db.models import Q
-
-    from ..models import JobLock
+    from ..models import JobLock  # models: not before apps are ready
 
     if not names:
         return 0

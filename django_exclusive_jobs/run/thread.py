@@ -35,6 +35,8 @@ import threading
 from contextlib import suppress
 from typing import Any
 
+from django.db import connections
+
 from .process import Outcome, execute
 
 
@@ -73,8 +75,6 @@ class JobThread:
     def _run(
         self, name: str, slot: Any, kwargs: dict[str, Any], token: int | None, trace: Any
     ) -> None:
-        from django.db import connections
-
         try:
             self._report = execute(name, slot, kwargs, token, trace)
             with suppress(Exception):
