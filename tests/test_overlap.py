@@ -238,7 +238,7 @@ def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
     first = rows[0]
     assert first.status == "succeeded" and first.duration is not None and first.duration >= 5
     assert first.finished_at is not None
-    # The run's end as the claim reads it (history._ran): its own duration, not when the
+    # The run's end as the claim reads it (claim.ran): its own duration, not when the
     # end was written, after the release (a slot between the two is after the run).
     ended = first.started_at + dt.timedelta(seconds=first.duration)
     during = [row for row in rows[1:] if row.slot is not None and row.slot <= ended]
