@@ -118,7 +118,7 @@ def expect(
         caught = [s for s in nobody_in[-1:] if s == current]
     missed = [s for s in nobody if s not in caught]
     keep = {"buffer_one": 1, "cancel_other": 1, "buffer_all": policy.limit}.get(policy.overlap, 0)
-    buffered = during[len(during) - keep :] if keep else []
+    buffered = during[max(0, len(during) - keep) :] if keep else []
     skipped = [s for s in during if s not in buffered]
     if buffered and missed:
         sure = False  # the servers were down after an overrun: a corner left to the code
