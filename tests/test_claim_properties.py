@@ -5,7 +5,13 @@ clock, against a reference model written from the policies' definitions
 A simulator keeps a virtual database of run rows and a virtual clock; each generated
 start reads ``latest`` from the rows as history.claim does, decides, applies the
 decision's writes, and "runs" the inserted run for a generated time, writing its end
-as record_end would. After every start the properties below are checked.
+as record_end would. After every start the properties are checked (each named, see
+``check``): [model] the start runs the slot (and attempt) and writes the missed and
+skipped rows the reference model predicts; [unique] never two rows for one (slot,
+attempt); [not-after-current] no row for a slot after the start's current slot;
+[no-gap] every slot between the first recorded and the newest has a row;
+[succeeded-once] a slot whose run succeeded never runs again; [retry] attempt 1 only
+for a slot without rows, a retry only as the next attempt once its retry_at has come.
 """
 
 from __future__ import annotations
