@@ -64,10 +64,10 @@ def write_override(alias: str, schedule: object) -> None:
     job = get_job(BAD)
     assert job is not None
     code = {"schedule": overrides.code_of(job)["schedule"]}
-    JobState.objects.using(alias).update_or_create(
-        name=BAD,
-        defaults={"override": {"schedule": schedule}, "code": code, "overridden_by": "old"},
-    )
+    defaults = {"override": {"schedule": schedule}, "code": code, "overridden_by": "old"}
+    states = JobState.objects.using(alias)
+    # With the app's retry, as runs_of reads.
+    run_statement(alias, lambda: states.update_or_create(name=BAD, defaults=defaults))
 
 
 def serving(server: subprocess.Popen[str], reached: Any, timeout: float = 90) -> None:
@@ -77,7 +77,11 @@ def serving(server: subprocess.Popen[str], reached: Any, timeout: float = 90) ->
 
 
 def runs_of(alias: str, name: str) -> int:
-    return JobRun.objects.using(alias).filter(name=name).count()
+    """With the app's retry: SQLite can answer "database is locked" to the test's read
+    while the scheduler writes (seen in fresh-clone CI), as to any statement."""
+    runs = JobRun.objects.using(alias).filter(name=name)
+    count: int = run_statement(alias, runs.count)
+    return count
 
 
 @pytest.fixture
