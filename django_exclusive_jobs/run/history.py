@@ -78,12 +78,17 @@ class Look:
     state: JobState | None  # what operators decided about the job
 
 
+def _acquired(lock: Lock) -> dt.datetime:
+    """When ``lock`` was taken, on database time (LockLost if that is unknown)."""
+    if lock.acquired_at is None:
+        raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
+    return lock.acquired_at
+
+
 def start_time(lock: Lock, not_before: dt.datetime | None) -> dt.datetime:
     """When a start is, on database time: the lock's acquisition, or the scheduler's
     due slot (``not_before``) when the lock came a little before it."""
-    if lock.acquired_at is None:
-        raise LockLost(lock.name, lock.token, "the acquisition time is unknown")
-    return decision.start_time(lock.acquired_at, not_before)
+    return decision.start_time(_acquired(lock), not_before)
 
 
 ORDER = ("-slot", "-attempt")  # a job's newest slot first, and its newest attempt
@@ -151,9 +156,7 @@ def claim(
         return _backfill(lock, name, start.past_slot, start.requested_by, arguments)
     if start.requested_by:  # run now, here: paused or not, outside the schedule
         return _apply(lock, name, decision.run_now(start.requested_by), arguments)
-    start_time(lock, start.not_before)  # the acquisition time is known
-    assert lock.acquired_at is not None
-    acquired, holder = lock.acquired_at, lock.holder
+    acquired, holder = _acquired(lock), lock.holder
     decided = decision.aim(job, start, acquired, state, slot)
     current = decided.look_up_to
     if current is not None:
