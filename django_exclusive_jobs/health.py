@@ -237,7 +237,7 @@ def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
         getattr(lock, key) for lock in locks.values() for key in ("last_run_id", "last_slot_id")
     }
     runs = JobRun.objects.using(using)
-    found = {run.pk: run for run in runs.filter(pk__in=wanted - {None})}
+    found = {run.pk: run for run in runs.rows(wanted - {None})}
     counts = runs.counts_since(now - dt.timedelta(hours=24))
     medians = runs.medians()
     schedulers = list(Scheduler.objects.using(using).known().with_state())
@@ -248,7 +248,7 @@ def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
     for run in runs.last_runs(recent).only(*shown) if recent else ():
         last_runs.setdefault(run.name, []).append(run)
     requests: dict[str, list[RunRequest]] = {}
-    for request in RunRequest.objects.using(using).pending().runs().order_by("id"):
+    for request in RunRequest.objects.using(using).runs_waiting():
         requests.setdefault(request.name, []).append(request)
 
     alive = [row for row in schedulers if row.state == SchedulerState.ALIVE]  # type: ignore[attr-defined]

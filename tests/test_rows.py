@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_exclusive_jobs.lock.clock import DatabaseNow, database_now, plus_seconds_sql
 from django_exclusive_jobs.models import JobRun, JobState, RunStatus
-from django_exclusive_jobs.run import rows
+from django_exclusive_jobs.models import statements as rows
 
 SLOT = dt.datetime(2026, 3, 29, 1, 30, tzinfo=dt.UTC)
 

@@ -298,8 +298,8 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return any(row.serves(name) for row in Scheduler.objects.using(using).alive())
 
     def _waiting(self, name: str, request_id: str) -> RunRequest | None:
-        requests = RunRequest.objects.using(self._using()).pending().runs().filter(name=name)
-        return requests.filter(pk=int(request_id)).first() if request_id.isdigit() else None
+        requests = RunRequest.objects.using(self._using())
+        return requests.run_waiting(name, int(request_id)).first() if request_id.isdigit() else None
 
     def _do(
         self,
@@ -438,7 +438,7 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def _log(self, request: HttpRequest, name: str, message: str) -> None:
         """A line in Django's admin log, on the job's row (made if missing)."""
-        state, _made = JobState.objects.using(self._using()).get_or_create(name=name)
+        state = JobState.objects.using(self._using()).ensure(name)
         self.log_change(request, state, message)
 
     def _back(self, name: str = "") -> HttpResponse:

@@ -186,7 +186,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 for lock in locks
                 if lock.state != LockState.HELD or release_held  # type: ignore[attr-defined]
             ]
-            chosen = queryset.filter(name__in=names)
+            chosen = queryset.named(names)
             # Held a moment ago is checked again in the UPDATE: a lock taken since stays.
             released = self._force_release(request, chosen if release_held else chosen.not_held())
             if released:
@@ -245,7 +245,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         assert isinstance(queryset, JobLockQuerySet)
         locks = list(queryset.closed() | queryset.stale())
         who = f"{request.user.get_username()} (admin)"
-        released = queryset.filter(pk__in=[lock.pk for lock in locks]).force_release(by=who)
+        released = queryset.rows([lock.pk for lock in locks]).force_release(by=who)
         for lock in locks:
             # The admin's own history ("History" on the lock), version-independent.
             self.log_change(

@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy
 
-from ..models import JobRun
+from ..models import JobRun, JobRunQuerySet
 from ..run.arguments import describe as describe_arguments
 from ..run.history import delete_runs
 from ..run.status import RunStatus
@@ -25,8 +25,10 @@ class RunStatusFilter(admin.SimpleListFilter):
         return RunStatus.stored()
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value():
-            return queryset.filter(status=self.value())
+        status = self.value()
+        if status:
+            assert isinstance(queryset, JobRunQuerySet)
+            return queryset.with_status(status)
         return queryset
 
 

@@ -12,8 +12,6 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import F
-
 from .. import values
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
@@ -50,7 +48,7 @@ def changes(name: str, *, using: str, limit: int = SHOWN) -> list[JobChange]:
     """The job's newest changes, newest first (one query)."""
     from ..models import JobChange  # models: not before apps are ready
 
-    rows = JobChange.objects.using(using).filter(name=name).order_by("-at", "-id")[:limit]
+    rows = JobChange.objects.using(using).newest_of(name, limit)
     return run_statement(using, lambda: list(rows))
 
 
@@ -72,12 +70,11 @@ def refuse_if_changed(
     saying who last did one of ``actions`` (``did``: what, in words), when and why."""
     from ..models import JobChange, JobState  # models: not before apps are ready
 
-    rows = JobState.objects.using(using).filter(name=name)
-    rows.update(name=F("name"))  # the row's lock, until the transaction ends
-    if version(rows.first()) == expected:
+    rows = JobState.objects.using(using)
+    rows.lock_row(name)  # the row's lock, until the transaction ends
+    if version(rows.of(name)) == expected:
         return
-    found = JobChange.objects.using(using).filter(name=name, action__in=actions)
-    change = found.order_by("-at", "-id").first()
+    change = JobChange.objects.using(using).last_of(name, actions)
     said = "it changed"
     if change is not None:
         why = f": {change.reason}" if change.reason else ""

@@ -124,10 +124,8 @@ def plan(
             )
         slots.append(slot)
     slots.reverse()
-    rows = JobRun.objects.using(using).filter(
-        name=job.name, slot__gte=start, slot__lte=end, status__in=RunStatus.done()
-    )
-    found = run_statement(using, lambda: list(rows.values_list("slot", "status")))
+    rows = JobRun.objects.using(using).done_in(job.name, start, end)
+    found = run_statement(using, lambda: list(rows))
     done = {slot: status for slot, status in found if slot is not None}
     return Backfill(job, start, end, [slot for slot in slots if slot not in done], done)
 

@@ -90,7 +90,7 @@ def pending(names: list[str], *, using: str) -> list[RunRequest]:
     """Requests for these jobs that wait, runs and stops, in the order they are served
     (one query): as asked, but a job's backfill requests oldest slot first, wherever they
     stand (a backfill asked for later may reach further back)."""
-    waiting = RunRequest.objects.using(using).pending().filter(name__in=names).order_by("id")
+    waiting = RunRequest.objects.using(using).waiting_for(names)
     requests = run_statement(using, lambda: list(waiting))
     backfills: dict[str, list[RunRequest]] = {}
     for request in requests:
@@ -109,14 +109,14 @@ def cancel(request_id: int, *, by: str, using: str) -> bool:
     """Cancel a run request no run has taken yet; False if it was taken (or cancelled)
     first. A run that takes a request marks it taken in one conditional UPDATE, so a
     request is either run once or cancelled, never both."""
-    waiting = RunRequest.objects.using(using).pending().filter(pk=request_id)
+    requests = RunRequest.objects.using(using)
     now = DatabaseNow()  # taken_at too: no run may take it from now on
     values = {"taken_at": now, "cancelled_at": now, "cancelled_by": by[:255]}
 
     def write() -> bool:
         with transaction.atomic(using=using):
-            request = waiting.first()
-            if request is None or not waiting.update(**values):
+            request = requests.waiting(request_id).first()
+            if request is None or not requests.take(request_id, **values):
                 return False
             before = {"request": request.pk, "slot": request.slot and request.slot.isoformat()}
             audit.record(request.name, JobChange.Action.CANCEL, by=by, before=before, using=using)
@@ -131,9 +131,9 @@ def acknowledge(schedulers: SchedulerQuerySet, *, by: str, using: str) -> int:
     # Ids first: MySQL refuses an UPDATE whose subquery reads the table it updates.
     gone = schedulers.using(using).unacknowledged().values_list("pk", flat=True)
     ids = run_statement(using, lambda: list(gone))
-    rows = Scheduler.objects.using(using).filter(pk__in=ids, acknowledged_at__isnull=True)
+    rows = Scheduler.objects.using(using)
     values = {"acknowledged_at": DatabaseNow(), "acknowledged_by": by[:255]}
-    return run_statement(using, lambda: rows.update(**values))
+    return run_statement(using, lambda: rows.acknowledge(ids, **values))
 
 
 def run_now(

@@ -36,9 +36,10 @@ class Heartbeat:
     def beat(self, free: int | None = None) -> None:
         """Say "alive" now, and how many more runs it could start (``free``, which work
         spread weighs: spread.py); may raise ``LockDatabaseError`` (the caller retries)."""
-        mine = self._rows().filter(instance=process.instance)
         said = {"last_beat_at": DatabaseNow(), "free": free}
-        if not run_statement(self.using, lambda: mine.update(**said)):
+        if not run_statement(
+            self.using, lambda: self._rows().record_beat(process.instance, **said)
+        ):
             run_statement(
                 self.using,
                 lambda: self._rows().create(
@@ -58,6 +59,8 @@ class Heartbeat:
 
     def stopped(self) -> None:
         """Mark this scheduler stopped (a clean exit), so it is not mistaken for a crash."""
-        mine = self._rows().filter(instance=process.instance)
         now = DatabaseNow()
-        run_statement(self.using, lambda: mine.update(last_beat_at=now, stopped_at=now))
+        run_statement(
+            self.using,
+            lambda: self._rows().record_stop(process.instance, last_beat_at=now, stopped_at=now),
+        )

@@ -26,7 +26,7 @@ from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
 from ..logs import extra
 from ..values import storable
-from . import catchup, rows, run_requests
+from . import catchup, run_requests
 from . import claim as decision
 from .registry import all_jobs
 from .retries import Retries
@@ -39,6 +39,7 @@ from .tracebacks import error_type as error_type
 
 if TYPE_CHECKING:
     from ..models import JobRun, JobRunQuerySet, JobState, RunRequest
+    from ..models.statements import Where
     from .registry import Job
     from .start import Start
 
@@ -101,7 +102,7 @@ def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | No
     schedule, so the look is bounded not by the slot but by the latest the start may
     serve under any schedule (the start's time and the slot tolerance, which an
     override keeps); :func:`claim` looks again if the run read is after its slot."""
-    from ..models import JobRun, JobState  # models: not before apps are ready
+    from ..models import JobRun, JobState, statements  # models: not before apps are ready
 
     bound = start_time(lock, not_before) + schedule.early_limit()
     where = [("name", "=", name), ("slot", "<=", bound)]
@@ -109,7 +110,9 @@ def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | No
     beside = (JobState, [("name", "=", name)])
 
     def read() -> tuple[JobRun | None, JobState | None]:
-        return rows.first_beside(JobRun, lock.using, where, ORDER, exists=exists, beside=beside)
+        return statements.first_beside(
+            JobRun, lock.using, where, ORDER, exists=exists, beside=beside
+        )
 
     run, state = run_statement(lock.using, read)
     return Look(run, bool(getattr(run, "abandoned", False)), state)
@@ -187,13 +190,13 @@ def _latest(
     a start that finds none sends one statement, not two. A start that read the job's
     operator row with it (``looked``) looked up to a later bound: a run it read after
     the slot (an override moved the schedule) has it look again."""
-    from ..models import JobRun  # models: not before apps are ready
+    from ..models import JobRun, statements  # models: not before apps are ready
 
     where = [("name", "=", name), ("slot", "<=", current)]
     exists = ("abandoned", _abandoned(name, lock)) if its_slot else None
 
     def up_to_the_slot() -> tuple[JobRun | None, bool]:
-        found: JobRun | None = rows.first(JobRun, lock.using, where, ORDER, exists=exists)
+        found: JobRun | None = statements.first(JobRun, lock.using, where, ORDER, exists=exists)
         return found, bool(getattr(found, "abandoned", False))
 
     if its_slot and looked is not None and _up_to(looked.latest, current):
@@ -297,9 +300,8 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
     prepare_locks([name], using=lock.using)  # the job's own row exists, to be locked
 
     def look() -> JobRun | None:
-        list(JobLock.objects.using(lock.using).select_for_update().filter(name=name).values("pk"))
-        slotted = _runs(lock.using).filter(name=name, slot__isnull=False).select_for_update()
-        return slotted.order_by("-slot", "-attempt").first()
+        JobLock.objects.using(lock.using).lock_row(name)
+        return _runs(lock.using).lock_newest_attempt(name)
 
     with _under_lease(lock):
         yield run_statement(lock.using, look)
@@ -319,10 +321,10 @@ def _ours(lock: Lock) -> dict[str, Any]:
 def job_state(name: str, *, using: str) -> JobState | None:
     """What operators decided about ``name`` (its pause, its override): one query, which
     every start makes after taking the lock, before its claim."""
-    from ..models import JobState  # models: not before apps are ready
+    from ..models import JobState, statements  # models: not before apps are ready
 
     state: JobState | None = run_statement(
-        using, lambda: rows.first(JobState, using, [("name", "=", name)])
+        using, lambda: statements.first(JobState, using, [("name", "=", name)])
     )
     return state
 
@@ -331,7 +333,7 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
     """Mark ``request`` taken by this run, unless another run took it first."""
     from ..models import RunRequest  # models: not before apps are ready
 
-    requests = RunRequest.objects.using(lock.using).filter(pk=request.pk)
+    requests = RunRequest.objects.using(lock.using)
     if not run_requests.take(request, by=lock.holder, using=lock.using):
         return Claim(None, why=f"run request {request.pk} was taken by another run")
     if request.slot is not None:
@@ -342,7 +344,7 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
         found = _apply(lock, name, decision.run_now(request.requested_by), kwargs)
     run = found.run
     assert run is not None
-    run_statement(lock.using, lambda: requests.update(run=run))
+    run_statement(lock.using, lambda: requests.record_run(request.pk, run))
     return Claim(run, request.slot)
 
 
@@ -352,7 +354,7 @@ def _backfill(
     """A backfill of ``slot``: the slot's rows read, then what :func:`.claim.backfill`
     decides (its next attempt, or the run that succeeded). Under the lock, so no other
     run of the job writes the slot's rows meanwhile."""
-    rows = _runs(lock.using).filter(name=name, slot=slot).order_by("-attempt")
+    rows = _runs(lock.using).attempts_of(name, slot)
     found = run_statement(lock.using, lambda: list(rows))
     return _apply(lock, name, decision.backfill(slot, requested_by, found), kwargs)
 
@@ -362,9 +364,7 @@ def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:
     slot wins), and that attempt becomes the slot's last."""
     given_up = run_statement(
         lock.using,
-        lambda: (
-            _runs(lock.using).filter(pk=latest.pk, retry_at__isnull=False).update(retry_at=None)
-        ),
+        lambda: _runs(lock.using).give_up_retry(latest.pk),
     )
     if given_up:
         logger.warning(
@@ -388,7 +388,7 @@ def _insert(
     attempt: int = 1,
     backfill: bool = False,
 ) -> JobRun:
-    from ..models import JobRun  # models: not before apps are ready
+    from ..models import JobRun, statements  # models: not before apps are ready
 
     runs = _runs(lock.using)
     values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
@@ -398,7 +398,7 @@ def _insert(
         # In a transaction (a first claim), a savepoint: the look below may follow.
         inside = connections[lock.using].in_atomic_block
         with transaction.atomic(using=lock.using) if inside else nullcontext():
-            rows.insert(run, lock.using)
+            statements.insert(run, lock.using)
         return run
 
     try:
@@ -458,7 +458,7 @@ def _abandoned_by_its_holder(run: JobRun, lock: Lock) -> bool:
     return run.status == RunStatus.RUNNING and (run.token or 0) < (lock.token or 0)
 
 
-def _abandoned(name: str, lock: Lock) -> rows.Where:
+def _abandoned(name: str, lock: Lock) -> Where:
     """The job's runs still 'running' under a token older than ``lock``'s."""
     return [("name", "=", name), ("status", "=", RunStatus.RUNNING), ("token", "<", lock.token)]
 
@@ -488,7 +488,7 @@ def close_abandoned(
         f"The lock was taken over by token {lock.token} after this run's lease ran "
         "out or it was force-released: its server crashed, or lost the lock."
     )
-    from ..models import JobRun  # models: not before apps are ready
+    from ..models import JobRun, statements  # models: not before apps are ready
 
     where = list(_abandoned(name, lock))
     if side_by_side:
@@ -500,7 +500,7 @@ def close_abandoned(
         "error_type": "LockLost",
         "error": reason,
     }
-    closed = run_statement(lock.using, lambda: rows.update(JobRun, lock.using, values, where))
+    closed = run_statement(lock.using, lambda: statements.update(JobRun, lock.using, values, where))
     if closed:
         logger.warning(
             "%s: %s earlier run(s) still marked running lost the lock; marked lost",
@@ -516,36 +516,23 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
     """``overlap="allow_all"``: runs of other slots of ``name`` whose slot lock is stale
     (its lease ran out under the run's own token, never released: its server died) are
     marked lost. One query, two more only when another slot is running."""
-    from ..models import JobLock, LockState, lock_states  # models: not before apps are ready
+    from ..models import JobLock  # models: not before apps are ready
 
-    others = _runs(lock.using).filter(name=name, status=RunStatus.RUNNING, slot__isnull=False)
     running = run_statement(
-        lock.using,
-        lambda: list(others.exclude(slot=current).values_list("pk", "slot", "token")),
+        lock.using, lambda: _runs(lock.using).other_slots_running(name, current)
     )
     if not running:
         return
     names = {lock_name(name, slot): (pk, token) for pk, slot, token in running if slot}
-    stale = JobLock.objects.using(lock.using).filter(lock_states()[LockState.STALE])
-    found = run_statement(
-        lock.using, lambda: list(stale.filter(name__in=names).values_list("name", "token"))
-    )
+    locks = JobLock.objects.using(lock.using)
+    found = run_statement(lock.using, lambda: locks.stale_tokens(names))
     lost = [names[held][0] for held, token in found if names[held][1] == token]
     if not lost:
         return
     reason = "Its slot's lock lease ran out while it ran: its server crashed, or lost the lock."
     run_statement(
         lock.using,
-        lambda: (
-            _runs(lock.using)
-            .filter(pk__in=lost, status=RunStatus.RUNNING)
-            .update(
-                status=RunStatus.LOST,
-                finished_at=DatabaseNow(),
-                error_type="LockLost",
-                error=reason,
-            )
-        ),
+        lambda: _runs(lock.using).mark_lost(lost, error=reason),
     )
     logger.warning(
         "%s: %s run(s) of other slots lost their slot's lock: marked lost",
@@ -557,16 +544,14 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
 
 def _retry_lost(lock: Lock, name: str, retry: Retries, noticed: dt.datetime, reason: str) -> None:
     """Give the runs just marked lost their ``retry_at`` (rare: a crash was noticed)."""
-    runs = _runs(lock.using).filter(
-        name=name, status=RunStatus.LOST, token__lt=lock.token, error=reason
-    )
-    lost = run_statement(lock.using, lambda: list(runs.values_list("pk", "slot", "attempt")))
+    runs = _runs(lock.using).lost_by(name, lock.token, reason)
+    lost = run_statement(lock.using, runs.slots_attempts)
     for pk, slot, attempt in lost:
         retry_at = retry.retry_at(slot, attempt, noticed)
         if retry_at is not None:
             run_statement(
                 lock.using,
-                lambda: runs.filter(pk=pk).update(retry_at=retry_at),  # noqa: B023
+                lambda: runs.set_retry(pk, retry_at),  # noqa: B023
             )
 
 
@@ -601,14 +586,14 @@ def record_end(
         "task_backend": storable(enqueued.backend) if enqueued else "",
         "retry_at": retry_at,
     }
-    from ..models import JobRun  # models: not before apps are ready
+    from ..models import JobRun, statements  # models: not before apps are ready
 
     ours = [("pk", "=", run_id), ("token", "=", lock.token)]
 
     def write(values: dict[str, Any]) -> None:
         def update(values: dict[str, Any], status: str) -> int:
             where = [*ours, ("status", "=", status)]
-            return rows.update(JobRun, lock.using, values, where)
+            return statements.update(JobRun, lock.using, values, where)
 
         if not run_statement(lock.using, lambda: update(values, RunStatus.RUNNING)):
             # Marked lost by a later holder meanwhile: our end, keeping its reason unless
@@ -638,7 +623,7 @@ def record_end(
         )
         connection = connections[lock.using]
         started_at = connection.ops.quote_name(str(JobRun._meta.get_field("started_at").column))
-        ended = rows.Sql(plus_seconds_sql(connection.vendor, started_at), (duration,))
+        ended = statements.Sql(plus_seconds_sql(connection.vendor, started_at), (duration,))
         later = {**values, "finished_at": ended}
 
         def write_later() -> None:
@@ -702,10 +687,10 @@ def delete_runs(ids: list[int], *, using: str) -> int:
         with transaction.atomic(using=using):
             # Lock the rows first: a second prune running at once waits, then finds them
             # gone, so no run is added to the totals twice.
-            found = list(runs.filter(id__in=ids).select_for_update().values_list("id", flat=True))
+            found = runs.lock_rows(ids)
             if not found:
                 return 0
-            gone = runs.filter(id__in=found)
+            gone = runs.rows(found)
             tallies = list(gone.tallies())
             add_to_totals(RunTotal.objects.using(using), tallies)
             return int(gone.delete()[0])
@@ -724,11 +709,7 @@ def add_to_totals(totals: Any, tallies: list[dict[str, Any]]) -> None:
     # Make the missing rows without an error (ON CONFLICT DO NOTHING), always in one order.
     new = [RunTotal(name=n, status=s, duration_bucket=d, lateness_bucket=b) for n, s, d, b in keys]
     totals.bulk_create(new, ignore_conflicts=True)
-    found = (
-        totals.select_for_update()
-        .filter(name__in=sorted({k[0] for k in keys}))
-        .order_by("name", "status", "duration_bucket", "lateness_bucket")
-    )
+    found = totals.lock_rows(sorted({k[0] for k in keys}))
     rows = {(r.name, r.status, r.duration_bucket, r.lateness_bucket): r for r in found}
     touched = []
     for tally in tallies:

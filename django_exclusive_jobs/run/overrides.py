@@ -321,7 +321,7 @@ def override(
         with transaction.atomic(using=using):
             if expected is not None:
                 _still(job.name, expected, using)
-            JobState.objects.using(using).update_or_create(name=job.name, defaults=values)
+            JobState.objects.using(using).save_for(job.name, values)
             audit.record(
                 job.name, JobChange.Action.OVERRIDE, by=by, reason=reason,
                 before=before, after=after, using=using,
@@ -357,7 +357,7 @@ def back_to_code(
         with transaction.atomic(using=using):
             if expected is not None:
                 _still(job.name, expected, using)
-            JobState.objects.using(using).filter(pk=state.pk).update(**values)
+            JobState.objects.using(using).change(state.pk, **values)
             audit.record(
                 job.name, JobChange.Action.BACK_TO_CODE, by=by, reason=reason,
                 before=before, after={}, using=using,
@@ -391,7 +391,7 @@ def _row(name: str, using: str) -> None:
     lock it: two first overrides at once then wait for each other."""
     from ..models import JobState
 
-    run_statement(using, lambda: JobState.objects.using(using).get_or_create(name=name))
+    run_statement(using, lambda: JobState.objects.using(using).ensure(name))
 
 
 def _still(name: str, expected: str, using: str) -> None:
@@ -411,14 +411,14 @@ def _still(name: str, expected: str, using: str) -> None:
 def _state(name: str, using: str) -> JobState | None:
     from ..models import JobState
 
-    return run_statement(using, lambda: JobState.objects.using(using).filter(name=name).first())
+    return run_statement(using, lambda: JobState.objects.using(using).of(name))
 
 
 def read(names: list[str], *, using: str) -> dict[str, JobState]:
     """The operators' rows of these jobs (one query): for a scheduler's poll."""
     from ..models import JobState
 
-    rows = JobState.objects.using(using).filter(name__in=names)
+    rows = JobState.objects.using(using).of_jobs(names)
     return {row.name: row for row in run_statement(using, lambda: list(rows))}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 
@@ -46,7 +46,7 @@ def pause(
     if until is not None:
         _not_past(until, using)
     if expected is not None:  # a row to lock (an empty one changes nothing)
-        run_statement(using, lambda: JobState.objects.using(using).get_or_create(name=name))
+        run_statement(using, lambda: JobState.objects.using(using).ensure(name))
     values = {
         "paused": True,
         "paused_at": DatabaseNow(),
@@ -60,7 +60,7 @@ def pause(
         with transaction.atomic(using=using):
             if expected is not None:
                 _pause_still(name, expected, using)
-            JobState.objects.using(using).update_or_create(name=name, defaults=values)
+            JobState.objects.using(using).save_for(name, values)
             action = JobChange.Action.PAUSE
             audit.record(name, action, by=by, reason=reason, after=after, using=using)
 
@@ -88,8 +88,8 @@ def pause_version_of(name: str, *, using: str) -> str:
     """:func:`pause_version` of ``name``'s row now (one query)."""
     from ..models import JobState  # models: not before apps are ready
 
-    rows = JobState.objects.using(using).filter(name=name)
-    return pause_version(run_statement(using, rows.first))
+    rows = JobState.objects.using(using)
+    return pause_version(run_statement(using, lambda: rows.of(name)))
 
 
 def _pause_still(name: str, expected: str, using: str) -> None:
@@ -120,13 +120,13 @@ def _not_past(until: dt.datetime, using: str) -> None:
 def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
     """Let ``name`` run again from its next slot; the slots of the pause are not missed.
     False if it was not paused (a pause past its end is over already: nothing written)."""
-    from ..models import JobChange  # models: not before apps are ready
+    from ..models import JobChange, JobState  # models: not before apps are ready
 
     values = {"paused": False, "resumed_at": DatabaseNow(), "resumed_by": by[:255]}
 
     def write() -> bool:
         with transaction.atomic(using=using):
-            done = _paused(name, using).update(**values)
+            done = JobState.objects.using(using).resume(name, **values)
             if done:
                 audit.record(name, JobChange.Action.RESUME, by=by, reason=reason, using=using)
             return bool(done)
@@ -134,25 +134,17 @@ def resume(name: str, *, by: str, using: str, reason: str = "") -> bool:
     return run_statement(using, write)
 
 
-def _paused(name: str, using: str) -> Any:
-    """``name``'s row while paused now: a pause past its end is over (database time)."""
-    from ..models import JobState, pause_in_force  # models: not before apps are ready
-
-    return JobState.objects.using(using).filter(pause_in_force(DatabaseNow()), name=name)
-
-
 def pause_after_failures(name: str, failures: int, *, using: str) -> bool:
     """``pause_after=N``: pause ``name`` if its last ``failures`` runs failed (a slot's
     last attempt each). True if it paused it now: a health problem until resumed."""
-    from ..models import JobRun  # models: not before apps are ready
+    from ..models import JobRun, JobState  # models: not before apps are ready
 
-    runs = JobRun.objects.using(using).filter(name=name, retry_at__isnull=True)
-    runs = runs.exclude(status__in=[RunStatus.RUNNING, *RunStatus.not_runs()])
-    last = run_statement(using, lambda: list(runs.order_by("-started_at", "-id")[:failures]))
+    runs = JobRun.objects.using(using)
+    last = run_statement(using, lambda: list(runs.last_slot_ends(name, failures)))
     failed = [run for run in last if run.status in RunStatus.failures()]
     if len(failed) < failures:
         return False
-    if run_statement(using, _paused(name, using).exists):
+    if run_statement(using, JobState.objects.using(using).paused(name).exists):
         return False
     reason = f"its last {failures} runs failed (pause_after={failures})"
     pause(name, by=AUTO_PAUSER, using=using, reason=reason)

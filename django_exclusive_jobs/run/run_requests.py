@@ -25,7 +25,7 @@ def ask_to_stop(name: str, *, token: int, by: str, using: str) -> bool:
     from ..models import RunRequest  # models: not before apps are ready
 
     requests = RunRequest.objects.using(using)
-    if run_statement(using, requests.filter(name=name, stop_token=token).exists):
+    if run_statement(using, requests.stop_asked(name, token).exists):
         return False
     run_statement(
         using,
@@ -40,7 +40,7 @@ def find_stop(name: str, *, token: int, using: str) -> RunRequest | None:
     """The waiting stop asked of the run of ``name`` holding ``token``, if any."""
     from ..models import RunRequest  # models: not before apps are ready
 
-    waiting = RunRequest.objects.using(using).pending().filter(name=name, stop_token=token)
+    waiting = RunRequest.objects.using(using).waiting_stop(name, token)
     return run_statement(using, waiting.first)
 
 
@@ -48,9 +48,9 @@ def take(request: RunRequest, *, by: str, using: str) -> bool:
     """Mark ``request`` taken by ``by``; False if another took (or cancelled) it first."""
     from ..models import RunRequest  # models: not before apps are ready
 
-    waiting = RunRequest.objects.using(using).pending().filter(pk=request.pk)
+    requests = RunRequest.objects.using(using)
     values = {"taken_at": DatabaseNow(), "taken_by": by[:255]}
-    return bool(run_statement(using, lambda: waiting.update(**values)))
+    return bool(run_statement(using, lambda: requests.take(request.pk, **values)))
 
 
 def close_stops(name: str, *, below: int, using: str) -> None:
@@ -58,6 +58,6 @@ def close_stops(name: str, *, below: int, using: str) -> None:
     have ended (the lock has a newer holder)."""
     from ..models import RunRequest  # models: not before apps are ready
 
-    moot = RunRequest.objects.using(using).pending().filter(name=name, stop_token__lt=below)
+    requests = RunRequest.objects.using(using)
     values = {"taken_at": DatabaseNow(), "taken_by": "(the run had ended)"}
-    run_statement(using, lambda: moot.update(**values))
+    run_statement(using, lambda: requests.close_stops_below(name, below, **values))

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.db.models import Q
-
 from ..lock.acquire import prepare_locks
-from ..lock.clock import DatabaseNow
 from ..lock.retry import run_statement
 
 # How a slot's lock is named is defined below the tables (models.py reads it too).
@@ -45,9 +42,5 @@ def prune(names: list[str], before: dt.datetime, *, using: str) -> int:
 
     if not names:
         return 0
-    ours = Q()
-    for name in names:
-        ours |= Q(name__startswith=f"{name}{SEPARATOR}")
-    free = Q(released_at__isnull=False) | Q(expires_at__lt=DatabaseNow())
-    rows = JobLock.objects.using(using).filter(ours, free, acquired_at__lt=before)
+    rows = JobLock.objects.using(using).old_slot_locks(names, before)
     return int(run_statement(using, lambda: rows.delete()[0]))

@@ -259,14 +259,9 @@ def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta | None:
 
 def claimed(slots: dict[str, dt.datetime], *, using: str) -> set[str]:
     """Which of these jobs' slots have a run row (one query for all of them)."""
-    from django.db.models import Q
-
     from ..models import JobRun
 
     if not slots:
         return set()
-    wanted = Q()
-    for name, slot in slots.items():
-        wanted |= Q(name=name, slot=slot)
-    found = JobRun.objects.using(using).filter(wanted).values_list("name", flat=True)
+    found = JobRun.objects.using(using).claimed(slots)
     return set(run_statement(using, lambda: list(found)))

@@ -65,7 +65,7 @@ class Command(JobCommand):
 
     def _force_release(self, alias: str, name: str, *, live: bool) -> None:
         locks = JobLock.objects.using(alias)
-        lock = run_statement(alias, lambda: locks.with_state().filter(name=name).first())
+        lock = run_statement(alias, lambda: locks.state_of(name))
         if lock is None:
             raise CommandError(f"No lock named {name!r}.", returncode=1)
         state = lock.state  # type: ignore[attr-defined]
@@ -78,7 +78,7 @@ class Command(JobCommand):
             )
         # The state was read a moment ago: without --live the UPDATE itself refuses a lock
         # that has been taken since.
-        target = locks.filter(pk=lock.pk)
+        target = locks.row(lock.pk)
         freed = target if live else target.not_held()
         changed = run_statement(alias, lambda: freed.force_release(by=operator()))
         if changed:
@@ -93,7 +93,7 @@ class Command(JobCommand):
 
     def _list(self, alias: str, *, stale: bool, as_json: bool) -> None:
         locks = JobLock.objects.using(alias)
-        queryset = (locks.stale() if stale else locks.all()).with_state().order_by("name")
+        queryset = locks.listed(stale=stale)
         rows = run_statement(alias, lambda: list(queryset))
         running_long = set(
             run_statement(alias, lambda: list(locks.running_long().values_list("name", flat=True)))

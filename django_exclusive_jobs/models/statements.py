@@ -198,7 +198,7 @@ class _Statement:
     def read(self, field: Any, column: str) -> str:
         """``column`` as the ORM selects it: a pause's end through its range check
         (``models.PauseEndField``), any other column as it is."""
-        from ..models import PauseEndField, in_range_sql
+        from .fields import PauseEndField, in_range_sql
 
         if isinstance(field, PauseEndField):
             return in_range_sql(self.connection.vendor, column)
