@@ -1640,11 +1640,13 @@ def test_exclusive_scheduler_prints_the_documented_lines(sqlite: str, tmp_path: 
     env = command_env(marker, TICK_EVERY="1s", JOB_SECONDS="60")
     with reaped() as started:
         process = start_scheduler(
-            started, sqlite, "--jobs", "tick", "--grace", "0", "--verbosity", "2", env=env
+            started, sqlite, "--jobs", "steady", "--grace", "0", "--verbosity", "2", env=env
         )
         # The job itself has begun (its first line), not only its run row: a SIGTERM
-        # between the two stops the start, and there is then nothing to wait for.
-        wait_for(lambda: marker.exists() and "tick " in marker.read_text(), timeout=60)
+        # between the two stops the start, and there is then nothing to wait for. The job
+        # has a 30 s lease: a 3 s one could end on a loaded machine before the signal comes
+        # (no renewal reached the job in time), and the run then ends as lost, not stopped.
+        wait_for(lambda: marker.exists() and "steady-start " in marker.read_text(), timeout=60)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
@@ -1659,9 +1661,9 @@ def test_exclusive_scheduler_prints_the_documented_lines(sqlite: str, tmp_path: 
     assert out.splitlines()[0].startswith("scheduler started: 1 job(s), max 10 at once; ")
     assert out.splitlines()[-1] == "scheduler stopped"
     said = "\n".join(lines)
-    assert "\nacquired tick token=" in said
-    assert "\nstopping: waiting up to 0s for 1 running job(s): tick\n" in said
-    assert "\nfinished tick status=interrupted " in said
+    assert "\nacquired steady token=" in said
+    assert "\nstopping: waiting up to 0s for 1 running job(s): steady\n" in said
+    assert "\nfinished steady status=interrupted " in said
 
 
 # --- operations.md: the jobs page, exclusive_jobs, the health view, the alert recipes ---
