@@ -12,7 +12,7 @@ from django.db import connections
 from django_exclusive_jobs import LockLost, exclusive_job, force_release, try_acquire
 from django_exclusive_jobs.lock.clock import database_now, now_plus
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
-from django_exclusive_jobs.run.history import prune_runs
+from django_exclusive_jobs.run.pruning import prune_runs
 
 from .helpers import expire_now, other_holder
 from .test_one_path import statements_seen

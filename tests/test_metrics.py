@@ -27,7 +27,7 @@ from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.metrics import JobsCollector, metric_families
 from django_exclusive_jobs.models import JobLock, JobRun, RunTotal, Scheduler
 from django_exclusive_jobs.run import control
-from django_exclusive_jobs.run.history import prune_runs
+from django_exclusive_jobs.run.pruning import prune_runs
 from django_exclusive_jobs.run.registry import _jobs
 from django_exclusive_jobs.run.schedules import Every
 
@@ -218,7 +218,7 @@ def test_a_second_prune_of_the_same_runs_adds_nothing(alias: str) -> None:
         runs.create(name="quick", status="failed", started_at=old, finished_at=old).pk
         for _ in range(3)
     ]
-    from django_exclusive_jobs.run.history import delete_runs
+    from django_exclusive_jobs.run.pruning import delete_runs
 
     assert delete_runs(ids, using=alias) == 3
     assert delete_runs(ids, using=alias) == 0  # another server's prune, a moment later

@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy
 
 from ..models import JobRun, JobRunQuerySet
 from ..run.arguments import describe as describe_arguments
-from ..run.history import delete_runs
+from ..run.pruning import delete_runs
 from ..run.status import RunStatus
 from .display import duration, timestamp
 

@@ -1,51 +1,47 @@
-"""Run history: the ``JobRun`` row each run writes, and pruning old ones.
+"""Run history: the ``JobRun`` rows a claim writes (its run, and the slots it missed or skipped).
 
 The unique (name, slot, attempt) row is what makes a scheduled slot run once: a server
 whose cron fired late takes the free lock, finds the slot's row, and skips. A retry
 (``retries=N``) is a row of its own, one attempt higher, written only once the previous
 attempt's ``retry_at`` has come. It looks before it writes, so the normal path never
 makes the database report a unique violation.
+
+How a run's end is written is in ``endings.py``; pruning old runs, in ``pruning.py``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
+from django.db import IntegrityError, connections, transaction
 
 from ..lock.acquire import prepare_locks
-from ..lock.clock import DatabaseNow, database_now, plus_seconds_sql
-from ..lock.errors import JobLockError, LockDatabaseError, LockLost
+from ..lock.clock import DatabaseNow
+from ..lock.errors import LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
-from ..lock.validation import check_outside_transaction
 from ..logs import extra
-from ..values import storable
 from . import catchup, run_requests
 from . import claim as decision
-from .registry import all_jobs
+from .endings import abandoned_by_its_holder, abandoned_runs, close_abandoned
+from .endings import is_ours as is_ours  # the runner's names until it imports endings
+from .endings import record_end as record_end
 from .retries import Retries
 from .schedules import Schedule
-from .slot_locks import lock_name, prune
 from .status import RunStatus
-from .tasks import Enqueued
-from .tracebacks import bounded_traceback
 from .tracebacks import error_type as error_type
 
 if TYPE_CHECKING:
     from ..models import JobRun, JobRunQuerySet, JobState, RunRequest
-    from ..models.statements import Where
     from .registry import Job
     from .start import Start
 
 logger = logging.getLogger("django_exclusive_jobs")
-
-PRUNE_BATCH = 1000
 
 
 def _runs(alias: str) -> JobRunQuerySet:
@@ -106,7 +102,7 @@ def look(lock: Lock, name: str, schedule: Schedule, not_before: dt.datetime | No
 
     bound = start_time(lock, not_before) + schedule.early_limit()
     where = [("name", "=", name), ("slot", "<=", bound)]
-    exists = ("abandoned", _abandoned(name, lock))
+    exists = ("abandoned", abandoned_runs(name, lock))
     beside = (JobState, [("name", "=", name)])
 
     def read() -> tuple[JobRun | None, JobState | None]:
@@ -193,7 +189,7 @@ def _latest(
     from ..models import JobRun, statements  # models: not before apps are ready
 
     where = [("name", "=", name), ("slot", "<=", current)]
-    exists = ("abandoned", _abandoned(name, lock)) if its_slot else None
+    exists = ("abandoned", abandoned_runs(name, lock)) if its_slot else None
 
     def up_to_the_slot() -> tuple[JobRun | None, bool]:
         found: JobRun | None = statements.first(JobRun, lock.using, where, ORDER, exists=exists)
@@ -205,7 +201,7 @@ def _latest(
         latest, abandoned = run_statement(lock.using, up_to_the_slot)
     if its_slot and (latest is None or abandoned):
         close_abandoned(lock, name, retry)
-        if latest is not None and _abandoned_by_its_holder(latest, lock):
+        if latest is not None and abandoned_by_its_holder(latest, lock):
             latest, _ = run_statement(lock.using, up_to_the_slot)  # it is closed now, or ended
     return latest
 
@@ -442,284 +438,3 @@ def _record_slots(
         for slot in slots
     ]
     run_statement(lock.using, lambda: _runs(lock.using).bulk_create(rows, ignore_conflicts=True))
-
-
-def is_ours(run: JobRun, lock: Lock) -> bool:
-    """A running row with our token: only our own run can have it."""
-    return bool(
-        run.token == lock.token
-        and run.instance == process.instance
-        and run.status == RunStatus.RUNNING
-    )
-
-
-def _abandoned_by_its_holder(run: JobRun, lock: Lock) -> bool:
-    """Whether ``run``, as read, is one that :func:`close_abandoned` closes."""
-    return run.status == RunStatus.RUNNING and (run.token or 0) < (lock.token or 0)
-
-
-def _abandoned(name: str, lock: Lock) -> Where:
-    """The job's runs still 'running' under a token older than ``lock``'s."""
-    return [("name", "=", name), ("status", "=", RunStatus.RUNNING), ("token", "<", lock.token)]
-
-
-def close_abandoned(
-    lock: Lock,
-    name: str,
-    retry: Retries | None = None,
-    *,
-    slot: dt.datetime | None = None,
-    side_by_side: bool = False,
-) -> None:
-    """Mark this job's runs still 'running' under an older token as lost.
-
-    Holding token N means every holder before it lost the lock: its server crashed, or
-    it was paused or cut off and will find out itself. Without this a crashed run would
-    stay 'running' for ever, and its slot could never be retried. With attempts left
-    (``retry``), a lost run gets its ``retry_at``, counted from now, so that whichever
-    server comes first after it runs the slot again.
-
-    ``side_by_side`` (``overlap="allow_all"``): ``lock`` is the lock of ``slot`` alone
-    (None: the job's own, for runs with no slot), so only its runs are judged by token;
-    the runs of other slots whose lock was left stale are closed too (lost, not retried:
-    this newer start has begun).
-    """
-    reason = (
-        f"The lock was taken over by token {lock.token} after this run's lease ran "
-        "out or it was force-released: its server crashed, or lost the lock."
-    )
-    from ..models import JobRun, statements  # models: not before apps are ready
-
-    where = list(_abandoned(name, lock))
-    if side_by_side:
-        where.append(("slot", "IS NULL", None) if slot is None else ("slot", "=", slot))
-        _close_stale_slots(lock, name, slot)
-    values = {
-        "status": RunStatus.LOST,
-        "finished_at": DatabaseNow(),
-        "error_type": "LockLost",
-        "error": reason,
-    }
-    closed = run_statement(lock.using, lambda: statements.update(JobRun, lock.using, values, where))
-    if closed:
-        logger.warning(
-            "%s: %s earlier run(s) still marked running lost the lock; marked lost",
-            name,
-            closed,
-            extra=extra("lost", job_name=name, token=lock.token),
-        )
-    if closed and retry is not None and retry.count and lock.acquired_at is not None:
-        _retry_lost(lock, name, retry, lock.acquired_at, reason)
-
-
-def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> None:
-    """``overlap="allow_all"``: runs of other slots of ``name`` whose slot lock is stale
-    (its lease ran out under the run's own token, never released: its server died) are
-    marked lost. One query, two more only when another slot is running."""
-    from ..models import JobLock  # models: not before apps are ready
-
-    running = run_statement(
-        lock.using, lambda: _runs(lock.using).other_slots_running(name, current)
-    )
-    if not running:
-        return
-    names = {lock_name(name, slot): (pk, token) for pk, slot, token in running if slot}
-    locks = JobLock.objects.using(lock.using)
-    found = run_statement(lock.using, lambda: locks.stale_tokens(names))
-    lost = [names[held][0] for held, token in found if names[held][1] == token]
-    if not lost:
-        return
-    reason = "Its slot's lock lease ran out while it ran: its server crashed, or lost the lock."
-    run_statement(
-        lock.using,
-        lambda: _runs(lock.using).mark_lost(lost, error=reason),
-    )
-    logger.warning(
-        "%s: %s run(s) of other slots lost their slot's lock: marked lost",
-        name,
-        len(lost),
-        extra=extra("lost", job_name=name),
-    )
-
-
-def _retry_lost(lock: Lock, name: str, retry: Retries, noticed: dt.datetime, reason: str) -> None:
-    """Give the runs just marked lost their ``retry_at`` (rare: a crash was noticed)."""
-    runs = _runs(lock.using).lost_by(name, lock.token, reason)
-    lost = run_statement(lock.using, runs.slots_attempts)
-    for pk, slot, attempt in lost:
-        retry_at = retry.retry_at(slot, attempt, noticed)
-        if retry_at is not None:
-            run_statement(
-                lock.using,
-                lambda: runs.set_retry(pk, retry_at),  # noqa: B023
-            )
-
-
-def record_end(
-    lock: Lock,
-    run_id: int,
-    *,
-    status: str,
-    duration: float,
-    exception: BaseException | None,
-    returncode: int | None,
-    enqueued: Enqueued | None = None,
-    retry_at: dt.datetime | None = None,
-) -> Callable[[], None] | None:
-    """Write how the run ended (``retry_at``: when its slot's next attempt may start).
-    When the database cannot be reached, log it and return what writes it later (with
-    the end it had: ``started_at + duration``); else None.
-
-    A run marked ``lost`` by a later holder meanwhile (which took it for a crash) gets
-    its real end.
-    """
-    values: dict[str, Any] = {
-        "status": status,
-        "finished_at": DatabaseNow(),
-        "duration": duration,
-        # As the database takes them: a NUL or a lone surrogate must not leave the run's
-        # end unwritten (the row would stay running, then be called lost).
-        "error_type": storable(error_type(exception)[:255]) if exception is not None else "",
-        "error": storable(bounded_traceback(exception)) if exception is not None else "",
-        "returncode": returncode,
-        "task_result_id": storable(enqueued.result_id) if enqueued else "",
-        "task_backend": storable(enqueued.backend) if enqueued else "",
-        "retry_at": retry_at,
-    }
-    from ..models import JobRun, statements  # models: not before apps are ready
-
-    ours = [("pk", "=", run_id), ("token", "=", lock.token)]
-
-    def write(values: dict[str, Any]) -> None:
-        def update(values: dict[str, Any], status: str) -> int:
-            where = [*ours, ("status", "=", status)]
-            return statements.update(JobRun, lock.using, values, where)
-
-        if not run_statement(lock.using, lambda: update(values, RunStatus.RUNNING)):
-            # Marked lost by a later holder meanwhile: our end, keeping its reason unless
-            # we have an error of our own.
-            kept = {key: value for key, value in values.items() if value != ""}
-            run_statement(lock.using, lambda: update(kept, RunStatus.LOST))
-
-    try:
-        write(values)
-    except LockDatabaseError as exc:
-        if not _unreachable(exc):  # refused for good (bad data, say): retrying cannot help
-            logger.error(
-                "could not record the end of run %s of %s: %s",
-                run_id,
-                lock.name,
-                exc,
-                extra=extra("unrecorded", lock=lock.name, token=lock.token, status="refused"),
-            )
-            return None
-        logger.warning(
-            "could not record the end of run %s of %s (written when the database answers "
-            "again): %s",
-            run_id,
-            lock.name,
-            exc,
-            extra=extra("unrecorded", lock=lock.name, token=lock.token, status="later"),
-        )
-        connection = connections[lock.using]
-        started_at = connection.ops.quote_name(str(JobRun._meta.get_field("started_at").column))
-        ended = statements.Sql(plus_seconds_sql(connection.vendor, started_at), (duration,))
-        later = {**values, "finished_at": ended}
-
-        def write_later() -> None:
-            try:
-                write(later)
-            except LockDatabaseError as again:
-                if _unreachable(again):
-                    raise  # still down: tried again at the next probe
-                logger.error(
-                    "could not record the end of run %s of %s: %s",
-                    run_id,
-                    lock.name,
-                    again,
-                    extra=extra("unrecorded", lock=lock.name, token=lock.token, status="refused"),
-                )
-
-        return write_later
-    except JobLockError:
-        logger.exception(
-            "could not record the end of run %s of %s",
-            run_id,
-            lock.name,
-            extra=extra("unrecorded", lock=lock.name, token=lock.token, status="refused"),
-        )
-    return None
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """The database did not answer (as opposed to refusing the statement)."""
-    return isinstance(exc.__cause__, (OperationalError, InterfaceError))
-
-
-def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -> int:
-    """Delete prunable runs (see ``JobRunQuerySet.prunable``); return how many. The free
-    locks of slots taken before then (``overlap="allow_all"``) go too."""
-    check_outside_transaction(using)
-    runs = _runs(using)
-    if dry_run:
-        return run_statement(using, lambda: runs.prunable(older_than).count())
-    ids = run_statement(using, lambda: list(runs.prunable(older_than).values_list("id", flat=True)))
-    deleted = 0
-    for start in range(0, len(ids), PRUNE_BATCH):
-        deleted += delete_runs(ids[start : start + PRUNE_BATCH], using=using)
-    side_by_side = [job.name for job in all_jobs() if job.overlap.lock_per_slot]
-    if side_by_side:
-        before = run_statement(using, lambda: database_now(using)) - older_than
-        locks = prune(side_by_side, before, using=using)
-        logger.info("deleted %s free slot lock(s) taken before %s", locks, before.isoformat())
-    return deleted
-
-
-def delete_runs(ids: list[int], *, using: str) -> int:
-    """Delete these runs, adding them to the run totals first (``RunTotal``), in one
-    transaction; return how many were deleted. The metrics' counters count the totals
-    and the rows kept, so they never go down when history is pruned."""
-    from ..models import RunTotal  # models: not before apps are ready
-
-    runs = _runs(using)
-
-    def delete() -> int:
-        with transaction.atomic(using=using):
-            # Lock the rows first: a second prune running at once waits, then finds them
-            # gone, so no run is added to the totals twice.
-            found = runs.lock_rows(ids)
-            if not found:
-                return 0
-            gone = runs.rows(found)
-            tallies = list(gone.tallies())
-            add_to_totals(RunTotal.objects.using(using), tallies)
-            return int(gone.delete()[0])
-
-    return run_statement(using, delete)
-
-
-def add_to_totals(totals: Any, tallies: list[dict[str, Any]]) -> None:
-    """Add rows of ``JobRunQuerySet.tallies()`` to ``RunTotal`` (inside a transaction)."""
-    from ..models import RunTotal  # models: not before apps are ready
-
-    def key(t: dict[str, Any]) -> tuple[str, str, str, str]:
-        return (t["job"], t["state"], t["duration_le"], t["lateness_le"])
-
-    keys = sorted({key(t) for t in tallies})
-    # Make the missing rows without an error (ON CONFLICT DO NOTHING), always in one order.
-    new = [RunTotal(name=n, status=s, duration_bucket=d, lateness_bucket=b) for n, s, d, b in keys]
-    totals.bulk_create(new, ignore_conflicts=True)
-    found = totals.lock_rows(sorted({k[0] for k in keys}))
-    rows = {(r.name, r.status, r.duration_bucket, r.lateness_bucket): r for r in found}
-    touched = []
-    for tally in tallies:
-        row = rows[key(tally)]
-        touched.append(row)
-        row.count += tally["n"]
-        row.duration_seconds += float(tally["duration_sum"] or 0)
-        row.lateness_seconds += float(tally["lateness_sum"] or 0)
-        last = tally["last"]
-        if last is not None and (row.last_finished_at is None or last > row.last_finished_at):
-            row.last_finished_at = last
-    fields = ["count", "duration_seconds", "lateness_seconds", "last_finished_at"]
-    totals.bulk_update(touched, fields)

@@ -10,7 +10,7 @@ from django_exclusive_jobs.conf import app_settings
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.lock.validation import resolve_alias
 from django_exclusive_jobs.management.base import JobCommand, duration_option
-from django_exclusive_jobs.run.history import prune_runs
+from django_exclusive_jobs.run.pruning import prune_runs
 
 EPILOG = """\
 exit codes: 0 done; 2 usage or configuration error (a bad duration or database alias,
