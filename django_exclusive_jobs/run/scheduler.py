@@ -37,9 +37,11 @@ from ..models import Scheduler as SchedulerRow
 from . import control, overrides, spread
 from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
+from .outage import Outage
 from .process import JobProcess, Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import Run, RunResult
+from .serving import ServedJobs
 from .shutdown import KILL_AFTER, stop_on_signals
 from .start import Start
 from .thread import JobThread
@@ -50,7 +52,6 @@ _T = TypeVar("_T")
 CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
 REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
 LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
-PROBE_EVERY = 1.0  # seconds between two tries while the database is down
 CANCEL_LOOK = 1.0  # seconds between two looks for a lock whose run was asked to stop
 
 
@@ -61,41 +62,6 @@ class Active:
     job: Job
     run: Run
     process: JobProcess | JobThread  # in_process=True: a thread of this process
-
-
-class Outage:
-    """One line when the database stops answering and one when it answers again.
-
-    While it lasts, nothing is started: the loop only probes (clock and heartbeat) every
-    second, so the database's return is noticed within about a second, and the slots due
-    meanwhile start then, each under its job's catch-up policy. Nothing is retried at
-    "now + backoff": a start is always at a slot's time (or a failed slot's ``retry_at``).
-    """
-
-    def __init__(self, say: Callable[[Line, bool], None]) -> None:
-        self.say = say
-        self.since: float | None = None
-        self.failures = 0
-
-    def failed(self, exc: BaseException) -> float:
-        """Note a failure; how long to wait before the next try."""
-        if self.since is None:
-            self.since = time.monotonic()
-            said = f"database unreachable, retrying with backoff: {exc}"
-            self.say(line("database", said, status="down", error=type(exc).__name__), False)
-        self.failures += 1
-        return float(min(PROBE_EVERY, 0.25 * 2 ** min(self.failures - 1, 10)))
-
-    @property
-    def ongoing(self) -> bool:
-        return self.since is not None
-
-    def ended(self) -> None:
-        if self.since is not None:
-            down = time.monotonic() - self.since
-            said = f"database reachable again after {down:.1f}s"
-            self.say(line("database", said, status="up", duration=down), False)
-        self.since, self.failures = None, 0
 
 
 class Scheduler:
@@ -117,24 +83,15 @@ class Scheduler:
         max_runs: int | None = None,
         run_for: float | None = None,
     ) -> None:
-        # Each job as declared, and as it runs: with its operators' override, read at
-        # each poll (see overrides.py); ``applied``: the override each job runs with.
-        self.declared = {job.name: job for job in jobs}
-        self.jobs = dict(self.declared)
-        self.applied: dict[str, dict[str, Any]] = {}
-        # Jobs whose operator row cannot be used (overrides.Misconfigured): why. Their
-        # runs are not started until the row is put right; the others go on.
-        self.misconfigured: dict[str, str] = {}
+        # Each job as declared, and as it runs (with its operators' override), or
+        # misconfigured; and the jobs whose "run now" requests it serves (serving.py).
+        self.served = ServedJobs(jobs, on_request, self.say)
         # Switches that let a test (or a one-off) drive it to completion: stop once
         # ``max_runs`` runs started here have ended, or after ``run_for`` seconds.
         self.max_runs = max_runs
         self.run_for = run_for
         self.ended_runs = 0
         self.deadline = float("inf")  # monotonic
-        # Jobs whose "run now" requests this scheduler serves (with or without a schedule).
-        self.on_request = {
-            job.name: job for job in (on_request if on_request is not None else jobs)
-        }
         self.next_poll = 0.0  # monotonic
         self.using = using
         self.max_concurrent = max_concurrent
@@ -142,21 +99,14 @@ class Scheduler:
         self.report = report
         self.clock = DatabaseClock(using)
         # Every job it serves, with a schedule or only on request ("run now").
-        self.heartbeat = Heartbeat(using, sorted(set(self.jobs) | set(self.on_request)))
+        self.heartbeat = Heartbeat(
+            using, sorted(set(self.served.jobs) | set(self.served.on_request))
+        )
         self.name = f"{process.host}:{process.pid}"  # as its heartbeat row names it
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
-        # Work spread (spread.py): the live schedulers, and the jobs whose slot this one
-        # is not the first choice for, waiting their handoff: their slot's start.
-        self.peers: list[spread.Peer] = []
-        self.handed: dict[str, dt.datetime] = {}
-        self.first_for: dict[str, dt.datetime] = {}  # the slots' starts it is first for
-        # The plan of the latest burst: its start, each job's place and head, its slots.
-        self.plan: tuple[dt.datetime, dict[str, tuple[int, str | None]], dict[str, dt.datetime]]
-        self.plan = (dt.datetime.min.replace(tzinfo=dt.UTC), {}, {})
-        # For each handed job: the head of its first choice's share, its slot, and when
-        # to look again if that first choice is at work (None: leave the slot to it).
-        self.heads: dict[str, tuple[str, dt.datetime, dt.datetime | None]] = {}
+        # Work spread: the slots this one is not the first choice for (spread.py).
+        self.handoffs = spread.Handoffs()
         # The runs started here, by the name of their lock: the job's, so a job runs once
         # at a time, or under overlap="allow_all" its slot's, so its slots run side by side.
         self.running: dict[str, Active] = {}
@@ -224,20 +174,20 @@ class Scheduler:
                 run_statement(self.using, self.clock.sync)
                 self._read_overrides()
                 run_statement(self.using, self._first_due)
-                prepare_locks(self.jobs, using=self.using)  # the first take logs no error
+                prepare_locks(self.served.jobs, using=self.using)  # the first take logs no error
                 self.heartbeat.beat(self.free)
-                self.peers = spread.peers(self.using)
+                self.handoffs.peers = spread.peers(self.using)
             except LockDatabaseError as exc:
                 self._pause(self.outage.failed(exc))
                 continue
             self.outage.ended()
             self.began = True
             self.next_beat = time.monotonic() + _beat_seconds()
-            served = [*self.jobs.values(), *self.on_request.values()]
+            served = [*self.served.jobs.values(), *self.served.on_request.values()]
             if not all(job.runs_in_thread for job in served):
                 warm_up()  # else started on first use (an override's timeout, say)
             said = (
-                f"scheduler started: {len(self.jobs)} job(s), max {self.max_concurrent} at "
+                f"scheduler started: {len(self.served.jobs)} job(s), max {self.max_concurrent} at "
                 f"once; the database's clock is {self.clock.offset:+.3f}s from this server's"
             )
             self.say(line("scheduler", said, status="started"))
@@ -249,14 +199,14 @@ class Scheduler:
         for its next slot's start. A job that never ran waits too. A latest slot whose
         start (with its jitter) is still to come is due then. ``names``: only these
         (their schedule was overridden), else every job."""
-        chosen = list(self.jobs) if names is None else names
-        names = [name for name in chosen if name not in self.misconfigured]
+        chosen = list(self.served.jobs) if names is None else names
+        names = [name for name in chosen if name not in self.served.misconfigured]
         for name in names:
-            self.handed.pop(name, None)
+            self.handoffs.handed.pop(name, None)
         latest = {run.name: run for run in JobRun.objects.using(self.using).newest_attempts(names)}
         now = self.clock.now()
         for name in names:
-            job = self.jobs[name]
+            job = self.served.jobs[name]
             assert job.schedule is not None
             found = self._computed(job, _around, job, now)
             if found is None:
@@ -285,7 +235,7 @@ class Scheduler:
                 run_statement(self.using, self.clock.sync)
                 self.clock_doubtful = False
             self.heartbeat.beat(self.free)
-            self.peers = spread.peers(self.using)
+            self.handoffs.peers = spread.peers(self.using)
             self._write_unwritten_ends()
         except LockDatabaseError as exc:
             self._database_down(exc)
@@ -311,7 +261,7 @@ class Scheduler:
             return
         now = self.clock.now()
         me = process.instance
-        handoffs = self._handoffs(now)
+        looks = self._handoffs(now)
         waited: dict[str, dt.datetime] = {}  # handed-off jobs whose wait is over
         # Only those due by now are put in order (a hash each): the loop comes back here
         # after every run that ends, and most of a scheduler's jobs wait for later.
@@ -324,17 +274,18 @@ class Scheduler:
                 continue  # it starts again once its run ends
             if len(self.running) >= self.max_concurrent:
                 break  # stays due: started when a run ends, unless another server has it
-            if name in self.handed:
-                waited[name] = self.handed.pop(name)
+            if name in self.handoffs.handed:
+                waited[name] = self.handoffs.handed.pop(name)
                 continue
-            if name in handoffs:
-                look = handoffs[name]
+            job = self.served.jobs[name]
+            if name in looks:
+                look = looks[name]
                 if look is None:  # not among its slot's first three choices
-                    self._next(self.jobs[name], None, self._following(self.jobs[name], due))
+                    self._next(job, None, self._following(job, due))
                 else:
-                    self.handed[name], self.due[name] = due, look
+                    self.handoffs.handed[name], self.due[name] = due, look
                 continue
-            self._start(self.jobs[name], due)
+            self._start(job, due)
             now = self.clock.now()
         if waited:
             self._take_over(waited)
@@ -342,18 +293,18 @@ class Scheduler:
     def _handoffs(self, now: dt.datetime) -> dict[str, dt.datetime | None]:
         """When to look again at each slot due by ``now`` that this scheduler is not the
         first choice for (spread.py; None: never, it is not among the first three), and,
-        in ``self.heads``, the slot whose run shows
-        that its first choice is at work. A start that is not a slot's (a catch-up, a
-        retry, a recheck) is not handed off."""
-        if len(self.peers) < 2:
+        in ``self.handoffs.heads``, the slot whose run shows that its first choice is at
+        work. A start that is not a slot's (a catch-up, a retry, a recheck) is not
+        handed off."""
+        if not self.handoffs.shared:
             return {}
         bursts: dict[dt.datetime, dict[str, dt.datetime]] = {}
         running: dict[dt.datetime, dict[str, dt.datetime]] = {}  # due here, running here
         for name, due in list(self.due.items()):
-            job = self.jobs[name]
-            if due > now or name in self.handed or job.schedule is None:
+            job = self.served.jobs[name]
+            if due > now or name in self.handoffs.handed or job.schedule is None:
                 continue
-            if self.first_for.get(name) == due:  # placed already (it waits for room here)
+            if self.handoffs.first_for.get(name) == due:  # placed already (it waits for room)
                 continue
             found = self._computed(job, _slot_and_start, job, due)
             if found is None:
@@ -361,34 +312,7 @@ class Scheduler:
             slot, start = found
             if start == due:
                 (running if name in self.running else bursts).setdefault(due, {})[name] = slot
-        later: dict[str, dt.datetime | None] = {}
-        for due, slots in bursts.items():
-            # Planned once for the whole burst, the jobs still running here included, so
-            # that every scheduler shares out the same slots; a job of the burst placed
-            # later (its run here ended) keeps its place in that plan.
-            if self.plan[0] != due or not slots.keys() <= self.plan[1].keys():
-                whole = {**running.get(due, {}), **slots}
-                self.plan = (due, spread.places(process.instance, due, whole, self.peers), whole)
-            _, placed, whole = self.plan
-            for name in slots:
-                place, head = placed[name]
-                if not place:
-                    self.first_for[name] = due
-                    continue
-                job = self.jobs[name]
-                wait = spread.handoff(job, slots[name], place)
-                if wait is None:  # left to the first three choices
-                    later[name] = None
-                    continue
-                later[name] = due + wait
-                # The second choice looks again at the last resort's time, then without
-                # asking whether the first choice is at work (it may have died since);
-                # so does the safety net (head None), at once.
-                last = spread.handoff(job, slots[name], 2)
-                again = due + last if place == 1 and last is not None else None
-                head = name if head is None else head
-                self.heads[name] = (head, whole[head], again)
-        return later
+        return self.handoffs.later(process.instance, self.served.jobs, bursts, running)
 
     def _take_over(self, waited: dict[str, dt.datetime]) -> None:
         """One query for the slots this scheduler waited for and the heads of their first
@@ -400,33 +324,35 @@ class Scheduler:
         overlap): then it starts as usual, and decides."""
         slots = {}
         for name, due in list(waited.items()):
-            found = self._computed(self.jobs[name], _slot_and_start, self.jobs[name], due)
+            found = self._computed(
+                self.served.jobs[name], _slot_and_start, self.served.jobs[name], due
+            )
             if found is None:
                 del waited[name]
                 continue
             slots[name] = found[0]
-        heads = {name: self.heads.pop(name, (name, slots[name], None)) for name in waited}
+        heads = {name: self.handoffs.heads.pop(name, (name, slots[name], None)) for name in waited}
         looked = {head: slot for head, slot, _ in heads.values()}
         try:
             claimed = spread.claimed({**looked, **slots}, using=self.using)
         except LockDatabaseError as exc:
-            self.handed.update(waited)  # looked at again once the database answers
-            self.heads.update(heads)
+            self.handoffs.handed.update(waited)  # looked at again once the database answers
+            self.handoffs.heads.update(heads)
             self._database_down(exc)
             return
         for name, due in waited.items():
-            job = self.jobs[name]
+            job = self.served.jobs[name]
             head, _, again = heads[name]
             at_work = head != name and head in claimed
             if (name in claimed or at_work) and not job.rechecks:
                 if name not in claimed and again is not None:
-                    self.handed[name], self.due[name] = due, again
-                    self.heads[name] = (name, slots[name], None)
+                    self.handoffs.handed[name], self.due[name] = due, again
+                    self.handoffs.heads[name] = (name, slots[name], None)
                 else:
                     self._next(job, None, self._following(job, due))
             elif self.stopping or len(self.running) >= self.max_concurrent:
-                self.handed[name], self.due[name] = due, due  # full: looked at again
-                self.heads[name] = heads[name]
+                self.handoffs.handed[name], self.due[name] = due, due  # full: looked at again
+                self.handoffs.heads[name] = heads[name]
             else:
                 self._start(job, due)
 
@@ -472,7 +398,7 @@ class Scheduler:
     def _polls_requests(self) -> bool:
         """Whether it looks for runs asked for now: it serves some, and the database is
         not down (then only the outage's probe runs)."""
-        return bool(self.on_request) and not self.outage.ongoing
+        return bool(self.served.on_request) and not self.outage.ongoing
 
     def _start_requested(self) -> None:
         """Every few seconds, one query for runs asked for now and backfilled slots
@@ -484,7 +410,7 @@ class Scheduler:
         self.next_poll = time.monotonic() + REQUEST_POLL
         try:
             self._read_overrides()
-            requests = control.pending(sorted(self.on_request), using=self.using)
+            requests = control.pending(sorted(self.served.on_request), using=self.using)
         except LockDatabaseError as exc:
             self._database_down(exc)
             return
@@ -496,64 +422,25 @@ class Scheduler:
                 continue
             if len(self.running) >= self.max_concurrent:
                 return
-            if request.name in self.misconfigured:
+            if request.name in self.served.misconfigured:
                 continue  # waits until its row is put right
             if request.name not in self.running:
-                self._start(self.on_request[request.name], self.clock.now(), request=request)
+                self._start(self.served.on_request[request.name], self.clock.now(), request=request)
 
     def _read_overrides(self) -> None:
-        """Wake each job as its operators override it now (one query, at each poll); a
-        job whose schedule changed is due again from its new schedule. Each run reads
-        the override again itself, with the pause (``Run._in_force``): it is given the
-        job as declared. A row that cannot be used makes its job misconfigured
-        (:meth:`_misconfigure`) until it changes; one put right is served again."""
-        names = sorted(set(self.declared) | set(self.on_request))
-        states = overrides.read(names, using=self.using)
-        moved = []
-        for name in names:
-            state = states.get(name)
-            override = state.override if state is not None else {}
-            if override == self.applied.get(name, {}):
-                continue
-            before = self.applied.get(name, {})
-            self.applied[name] = override
-            what = overrides.describe_all(override) if isinstance(override, dict) else "?"
-            said = (
-                f"{name}: overridden ({logs.given(what)})"
-                if override
-                else f"{name}: back to its code"
-            )
-            self.say(line("override", said, job_name=name))
-            declared = self.declared.get(name) or self.on_request[name]
-            try:
-                job = overrides.tried(overrides.in_force(declared, state), self.clock.now())
-            except overrides.Misconfigured as exc:
-                self._misconfigure(name, exc.reason)
-                continue
-            was_misconfigured = self.misconfigured.pop(name, None) is not None
-            if was_misconfigured:
-                said = f"{name}: fixed, served again"
-                self.say(line("misconfigured", said, job_name=name, status="fixed"))
-            if name in self.declared:
-                self.jobs[name] = job
-                schedule_moved = override.get("schedule") != before.get("schedule")
-                if (schedule_moved or was_misconfigured) and self.began:
-                    moved.append(name)
-        if moved:
+        """Follow each job's operators' override (one query, at each poll); a job whose
+        schedule changed, or that was put right, is due again from its schedule."""
+        states = overrides.read(self.served.names, using=self.using)
+        moved = self.served.follow(states, self.clock.now(), self._misconfigure)
+        if moved and self.began:
             self._first_due(moved)
 
     def _misconfigure(self, name: str, reason: str) -> None:
         """``name``'s row cannot be used (or its schedule computed): its problem only.
-        One line, once; it is not due until its row changes (:meth:`_read_overrides`)."""
+        It is not due until its row changes (:meth:`_read_overrides`)."""
         self.due.pop(name, None)
-        self.handed.pop(name, None)
-        self.heads.pop(name, None)
-        self.first_for.pop(name, None)
-        if name in self.misconfigured:
-            return
-        self.misconfigured[name] = reason
-        said = f"misconfigured {name}: {reason}; its runs are not started until it is fixed"
-        self.say(line("misconfigured", said, job_name=name, status="misconfigured"), False)
+        self.handoffs.forget(name)
+        self.served.misconfigure(name, reason)
 
     def _computed(self, job: Job, compute: Callable[..., _T], *args: Any) -> _T | None:
         """``compute(*args)``, a computation of ``job``'s schedule; None if it fails (any
@@ -627,7 +514,7 @@ class Scheduler:
             # Never wait for a held lock: the loop must keep every other job's slots. The
             # next try is the next slot (or the lease's end, with retries). As declared:
             # the run applies the override in force when it claims its slot.
-            self.declared.get(job.name, job).but(wait=0),
+            self.served.declared.get(job.name, job).but(wait=0),
             report=self.report,
             on_lost=self._lost,
             # Never serve a slot before its time on the database's clock (ours is an

@@ -7,7 +7,7 @@ last job of a burst waits for the whole burst, and work spreads by chance.
 Instead each scheduler ranks the live schedulers that serve a job for one slot by a hash
 of (scheduler, job, slot): rendezvous hashing, the ones with no free capacity at their
 last beat (``--max-concurrent`` less its running jobs) last. The slots due together (a
-burst; those of jobs still running here count too, see ``Scheduler._handoffs``) are then
+burst; those of jobs still running here count too, see ``Handoffs.later``) are then
 shared out with bounded loads among the schedulers that serve them: each may be the
 first choice for at most its share, by free capacity (:func:`_caps`), and each slot, in
 the order of its draw, goes to the first of its ranking still below its cap. Every
@@ -52,7 +52,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..lock.retry import run_statement
@@ -215,7 +215,7 @@ def places(
     members = _members(me, frozenset(slots), live)
     # Jobs served by the same schedulers share out their slots among them: each of
     # those schedulers serves every one of these jobs, so (with the jobs still running
-    # here counted, see Scheduler._handoffs) all of them plan the same burst.
+    # here counted, see Handoffs.later) all of them plan the same burst.
     groups: dict[frozenset[str], dict[str, dt.datetime]] = {}
     for name, slot in slots.items():
         serving = frozenset(m.instance for m in members if name in m.jobs)
@@ -255,6 +255,77 @@ def handoff(job: Job, slot: dt.datetime, place: int) -> dt.timedelta | None:
     if place == 2:
         return longest
     return min(dt.timedelta(seconds=HANDOFF), longest / 2)
+
+
+_NO_PLAN = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+
+@dataclass
+class Handoffs:
+    """What one scheduler keeps between two loops about the slots it is not the first
+    choice for: the live schedulers (read at each beat), the jobs waiting their handoff
+    (their slot's start), the slots' starts it is first for, the plan of the latest
+    burst (its start, each job's place and head, its slots) and, for each handed job,
+    the head of its first choice's share, its slot, and when to look again if that
+    first choice is at work (None: leave the slot to it)."""
+
+    peers: list[Peer] = field(default_factory=list)
+    handed: dict[str, dt.datetime] = field(default_factory=dict)
+    first_for: dict[str, dt.datetime] = field(default_factory=dict)
+    plan: tuple[dt.datetime, dict[str, tuple[int, str | None]], dict[str, dt.datetime]] = field(
+        default_factory=lambda: (_NO_PLAN, {}, {})
+    )
+    heads: dict[str, tuple[str, dt.datetime, dt.datetime | None]] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        """Whether another live scheduler shares the work (else nothing is handed off)."""
+        return len(self.peers) >= 2
+
+    def forget(self, name: str) -> None:
+        """``name`` is not due (misconfigured): nothing of it is kept."""
+        self.handed.pop(name, None)
+        self.heads.pop(name, None)
+        self.first_for.pop(name, None)
+
+    def later(
+        self,
+        me: str,
+        jobs: dict[str, Job],
+        bursts: dict[dt.datetime, dict[str, dt.datetime]],
+        running: dict[dt.datetime, dict[str, dt.datetime]],
+    ) -> dict[str, dt.datetime | None]:
+        """When to look again at each slot of ``bursts`` (each burst's start: its jobs'
+        slots) that scheduler ``me`` is not the first choice for (None: never, it is not
+        among the first three); ``running``: the slots of the same starts whose jobs run
+        here. Each burst is planned once, the jobs still running here included, so that
+        every scheduler shares out the same slots; a job of the burst placed later (its
+        run here ended) keeps its place in that plan."""
+        looks: dict[str, dt.datetime | None] = {}
+        for due, slots in bursts.items():
+            if self.plan[0] != due or not slots.keys() <= self.plan[1].keys():
+                whole = {**running.get(due, {}), **slots}
+                self.plan = (due, places(me, due, whole, self.peers), whole)
+            _, placed, whole = self.plan
+            for name in slots:
+                place, head = placed[name]
+                if not place:
+                    self.first_for[name] = due
+                    continue
+                job = jobs[name]
+                wait = handoff(job, slots[name], place)
+                if wait is None:  # left to the first three choices
+                    looks[name] = None
+                    continue
+                looks[name] = due + wait
+                # The second choice looks again at the last resort's time, then without
+                # asking whether the first choice is at work (it may have died since);
+                # so does the safety net (head None), at once.
+                last = handoff(job, slots[name], 2)
+                again = due + last if place == 1 and last is not None else None
+                head = name if head is None else head
+                self.heads[name] = (head, whole[head], again)
+        return looks
 
 
 def claimed(slots: dict[str, dt.datetime], *, using: str) -> set[str]:
