@@ -21,7 +21,6 @@ import signal
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, TypeVar
 
@@ -29,39 +28,29 @@ from .. import logs
 from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseClock
 from ..lock.errors import JobLockError, LockDatabaseError
-from ..lock.lock import Lock, process
+from ..lock.lock import process
 from ..lock.retry import run_statement
 from ..logs import Line, line
 from ..models import JobRun, RunRequest
 from ..models import Scheduler as SchedulerRow
-from . import control, overrides, spread
+from . import control, overrides, spread, when
 from .catchup import CANCEL_WAIT
 from .heartbeat import Heartbeat
 from .outage import Outage
-from .process import JobProcess, Outcome, shut_down, warm_up
+from .process import Outcome, shut_down, warm_up
 from .registry import Job
 from .runner import Run, RunResult
+from .running import Active, Running
 from .serving import ServedJobs
-from .shutdown import KILL_AFTER, stop_on_signals
+from .shutdown import stop_on_signals
 from .start import Start
-from .thread import JobThread
 
 logger = logging.getLogger("django_exclusive_jobs")
 _T = TypeVar("_T")
 
 CLOCK_CHECK = 60.0  # seconds between two reads of the database's clock
 REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
-LOST_KILL_AFTER = 0.5  # seconds a job whose lock was lost gets before SIGKILL
 CANCEL_LOOK = 1.0  # seconds between two looks for a lock whose run was asked to stop
-
-
-@dataclass
-class Active:
-    """A run this scheduler started and whose child has not ended yet."""
-
-    job: Job
-    run: Run
-    process: JobProcess | JobThread  # in_process=True: a thread of this process
 
 
 class Scheduler:
@@ -99,17 +88,13 @@ class Scheduler:
         self.report = report
         self.clock = DatabaseClock(using)
         # Every job it serves, with a schedule or only on request ("run now").
-        self.heartbeat = Heartbeat(
-            using, sorted(set(self.served.jobs) | set(self.served.on_request))
-        )
+        self.heartbeat = Heartbeat(using, self.served.names)
         self.name = f"{process.host}:{process.pid}"  # as its heartbeat row names it
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
         # Work spread: the slots this one is not the first choice for (spread.py).
         self.handoffs = spread.Handoffs()
-        # The runs started here, by the name of their lock: the job's, so a job runs once
-        # at a time, or under overlap="allow_all" its slot's, so its slots run side by side.
-        self.running: dict[str, Active] = {}
+        self.running = Running()  # the runs started here (running.py)
         self.stopping = False
         self.began = False  # reached the database once: its heartbeat row exists
         self.stop_signal: int | None = None
@@ -194,11 +179,8 @@ class Scheduler:
             return
 
     def _first_due(self, names: list[str] | None = None) -> None:
-        """A job with slots unrun since its latest run is due now (its catch-up); one
-        whose current slot awaits a retry is due at its ``retry_at``; any other waits
-        for its next slot's start. A job that never ran waits too. A latest slot whose
-        start (with its jitter) is still to come is due then. ``names``: only these
-        (their schedule was overridden), else every job."""
+        """Each job's first due time (``when.first_due``), from its newest run: one
+        query. ``names``: only these (their schedule was overridden), else every job."""
         chosen = list(self.served.jobs) if names is None else names
         names = [name for name in chosen if name not in self.served.misconfigured]
         for name in names:
@@ -208,21 +190,9 @@ class Scheduler:
         for name in names:
             job = self.served.jobs[name]
             assert job.schedule is not None
-            found = self._computed(job, _around, job, now)
-            if found is None:
-                continue
-            previous, following, previous_start = found
-            last = latest.get(name)
-            last_slot = last.slot if last is not None else None
-            unrun = last_slot is None or last_slot < previous
-            if unrun and previous_start > now:
-                self.due[name] = previous_start
-            elif last_slot is not None and last_slot < previous:
-                self.due[name] = now
-            elif last is not None and last.retry_at is not None and job.retries:
-                self.due[name] = min(last.retry_at, following)  # claim() decides
-            else:
-                self.due[name] = following
+            due = self._computed(job, when.first_due, job, now, latest.get(name))
+            if due is not None:
+                self.due[name] = due
 
     def _keep_time(self) -> None:
         """The heartbeat, and a fresh read of the database's clock now and then (during
@@ -306,7 +276,7 @@ class Scheduler:
                 continue
             if self.handoffs.first_for.get(name) == due:  # placed already (it waits for room)
                 continue
-            found = self._computed(job, _slot_and_start, job, due)
+            found = self._computed(job, when.slot_and_start, job, due)
             if found is None:
                 continue
             slot, start = found
@@ -324,9 +294,8 @@ class Scheduler:
         overlap): then it starts as usual, and decides."""
         slots = {}
         for name, due in list(waited.items()):
-            found = self._computed(
-                self.served.jobs[name], _slot_and_start, self.served.jobs[name], due
-            )
+            job = self.served.jobs[name]
+            found = self._computed(job, when.slot_and_start, job, due)
             if found is None:
                 del waited[name]
                 continue
@@ -378,10 +347,7 @@ class Scheduler:
         return cancels and due > self.clock.now()
 
     def _wait(self, timeout: float) -> None:
-        waitables: list[Any] = [self._wake_read]
-        for active in self.running.values():
-            waitables.extend(active.process.waitables())
-        if self._wake_read in wait(waitables, timeout):
+        if self._wake_read in wait([self._wake_read, *self.running.waitables()], timeout):
             with suppress(BlockingIOError, OSError):
                 os.read(self._wake_read, 64)
 
@@ -454,41 +420,21 @@ class Scheduler:
             return None
 
     def _supersede(self, active: Active, due: dt.datetime) -> None:
-        """``overlap="cancel_other"``: a newer slot of a job running here is due, so its
-        run (of an older slot) is stopped; the newer slot starts once it has ended."""
-        job, run = active.job, active.run
-        schedule = job.schedule
-        if not job.overlap.stops_older_run or schedule is None or run.cancelled_by:
+        """``overlap="cancel_other"``: a newer slot of a job running here is due: its
+        run is stopped (``Running.supersede``)."""
+        job, schedule = active.job, active.job.schedule
+        if not job.overlap.stops_older_run or schedule is None or active.run.cancelled_by:
             return
         slot = self._computed(job, lambda: schedule.latest_at_or_before(due)[0])
-        if slot is None:
-            return
-        if run.slot is None or run.slot >= slot or run.lock is None:
-            return
-        run.cancelled_by = run.lock.holder
-        said = f"stopping {job.name}: slot {slot.isoformat()} is due (overlap=cancel_other)"
-        self.say(line("stopping", said, job_name=job.name, slot=slot, token=run.lock.token), False)
-        active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
+        if slot is not None:
+            self.running.supersede(active, slot, self.say)
 
     def _stop_asked(self, request: RunRequest) -> None:
-        """A newer slot's start asks the run holding ``request.stop_token`` to stop
-        (``overlap="cancel_other"``): if it runs here, take the request and stop it."""
-        active = self.running.get(request.name)
-        lock = active.run.lock if active is not None else None
-        if active is None or lock is None or lock.token != request.stop_token:
-            return  # another server's run, or one that has ended
-        if not active.process.stoppable:
-            return  # an in-process run (see thread.py): the request waits, unanswered
+        """A newer slot's start asks a run to stop (``Running.stop_asked``)."""
         try:
-            taken = control.take(request, by=lock.holder, using=self.using)
+            self.running.stop_asked(request, self.using, self.say)
         except LockDatabaseError as exc:
             self._database_down(exc)
-            return
-        if taken:
-            active.run.cancelled_by = request.requested_by
-            said = f"stopping {request.name}: {request.requested_by} runs a newer slot"
-            self.say(line("stopping", said, job_name=request.name, token=lock.token), False)
-            active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
 
     # --- one start ----------------------------------------------------------------------
 
@@ -516,7 +462,7 @@ class Scheduler:
             # the run applies the override in force when it claims its slot.
             self.served.declared.get(job.name, job).but(wait=0),
             report=self.report,
-            on_lost=self._lost,
+            on_lost=self.running.lost,
             # Never serve a slot before its time on the database's clock (ours is an
             # estimate); a request (run now, a backfill's slot) is served at once.
             start=Start.slot(due) if request is None else Start.run_now(request=request),
@@ -558,19 +504,11 @@ class Scheduler:
             return
         self.running[started.name] = Active(job, run, child)  # allow_all: a slot's lock
         if started.lost:  # lost before it was registered: _lost found nothing to stop
-            self._lost(started)
+            self.running.lost(started)
         self.started_runs += 1
         slot = run.slot or due
         # catch_up="all" with more missed slots: the next one as soon as this one ends.
         self._next(job, request, slot if run.more_due else self._following(job, slot))
-
-    def _lost(self, lock: Lock) -> None:
-        """A running job's lock was found lost (keep-alive's thread): SIGTERM, then
-        SIGKILL within a second, before another server can take the lock over (the
-        watchdog gives up ahead of the lease's end)."""
-        active = self.running.get(lock.name)
-        if active is not None and active.run.lock is lock:
-            active.process.stop(signal.SIGTERM, kill_after=LOST_KILL_AFTER)
 
     def _next(self, job: Job, request: RunRequest | None, when: dt.datetime | None) -> None:
         """Set when ``job`` is due next (a run asked for now leaves it as it was)."""
@@ -578,41 +516,25 @@ class Scheduler:
             self.due[job.name] = when
 
     def _following(self, job: Job, moment: dt.datetime) -> dt.datetime | None:
-        """When the next slot after ``moment`` starts (with its jitter); None without a
-        schedule, or if it cannot be computed (the job is then misconfigured)."""
-        schedule = job.schedule
-        if schedule is None:
-            return None
-        return self._computed(job, lambda: job.start_of(schedule.next_after(moment)))
+        """When the next slot after ``moment`` starts (``when.following``); None without
+        a schedule, or if it cannot be computed (the job is then misconfigured)."""
+        return self._computed(job, when.following, job, moment)
 
     def _after_skip(self, job: Job, result: RunResult, now: dt.datetime) -> dt.datetime | None:
-        """When to try again after a skip: the next slot's start. With ``retries`` or a
-        buffering ``overlap``, sooner: when the slot's pending retry is due, or when the
-        holder's lease ends (its run may fail and be retried, or its server may have
-        died: its run is then lost, and retried, or the slot that came during it is run)."""
-        following = self._following(job, now)
-        if following is None:  # misconfigured: not due
-            return None
-        if result.retry_at is not None:
-            return min(max(result.retry_at, now), following)
-        until = result.held_until
-        if job.rechecks and until is not None and until < following:
-            return max(until, now) + dt.timedelta(milliseconds=100)
-        return following
+        """When to try again after a skip (``when.after_skip``); None if ``job``'s
+        schedule cannot be computed (it is then misconfigured: not due)."""
+        return self._computed(job, when.after_skip, job, result.retry_at, result.held_until, now)
 
     def _reap(self) -> None:
         """Finish the runs whose child has exited."""
-        for name, active in list(self.running.items()):
-            outcome = active.process.poll()
-            if outcome is not None:
-                del self.running[name]
-                self.ended_runs += 1
-                try:
-                    self._finish(active, outcome)
-                except Exception as exc:  # a job_finished receiver that raises, say
-                    said = f"{name}: finishing its run failed: {exc}"
-                    fields = {"job_name": active.job.name, "error": type(exc).__name__}
-                    self.say(line("unrecorded", said, **fields), False)
+        for name, active, outcome in self.running.ended():
+            self.ended_runs += 1
+            try:
+                self._finish(active, outcome)
+            except Exception as exc:  # a job_finished receiver that raises, say
+                said = f"{name}: finishing its run failed: {exc}"
+                fields = {"job_name": active.job.name, "error": type(exc).__name__}
+                self.say(line("unrecorded", said, **fields), False)
 
     def _finish(self, active: Active, outcome: Outcome) -> None:
         """Release, record and report a run whose child exited, as run_exclusive would."""
@@ -647,9 +569,8 @@ class Scheduler:
             self._wait(min(1.0, deadline - time.monotonic()))
             self._reap()
             self._keep_time()  # still alive while its jobs end
-        for active in self.running.values():
-            active.process.stop(signal.SIGTERM, kill_after=KILL_AFTER)
-        while any(active.process.stoppable for active in self.running.values()):
+        self.running.stop_all()
+        while self.running.stoppable:
             self._wait(0.2)
             self._reap()
         try:
@@ -680,21 +601,6 @@ class Scheduler:
         scheduler."""
         said.fields.setdefault("scheduler", self.name)
         logs.say(self.report, said, normal=normal)
-
-
-def _around(job: Job, now: dt.datetime) -> tuple[dt.datetime, dt.datetime, dt.datetime]:
-    """``job``'s latest slot at or before ``now``, its next slot's start, and its latest
-    slot's start (``_first_due``)."""
-    assert job.schedule is not None
-    previous, _ = job.schedule.latest_at_or_before(now)
-    return previous, job.start_of(job.schedule.next_after(now)), job.start_of(previous)
-
-
-def _slot_and_start(job: Job, due: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
-    """The slot of ``job`` at or before ``due``, and when it starts (its jitter)."""
-    assert job.schedule is not None
-    slot = job.schedule.latest_at_or_before(due)[0]
-    return slot, job.start_of(slot)
 
 
 def _beat_seconds() -> float:
