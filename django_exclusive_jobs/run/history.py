@@ -6,7 +6,7 @@ whose cron fired late takes the free lock, finds the slot's row, and skips. A re
 attempt's ``retry_at`` has come. It looks before it writes, so the normal path never
 makes the database report a unique violation.
 
-How a run's end is written is in ``endings.py``; pruning old runs, in ``pruning.py``.
+How a run's end is written is in ``end_rows.py``; pruning old runs, in ``pruning.py``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from ..lock.retry import run_statement
 from ..logs import extra
 from . import catchup, run_requests
 from . import claim as decision
-from .endings import abandoned_by_its_holder, abandoned_runs, close_abandoned
-from .endings import is_ours as is_ours  # the runner's names until it imports endings
-from .endings import record_end as record_end
+from .end_rows import abandoned_by_its_holder, abandoned_runs, close_abandoned
+from .end_rows import is_ours as is_ours  # the runner's names until it imports end_rows
+from .end_rows import record_end as record_end
 from .retries import Retries
 from .schedules import Schedule
 from .status import RunStatus
