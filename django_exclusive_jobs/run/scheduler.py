@@ -286,12 +286,8 @@ class Scheduler:
 
     def _take_over(self, waited: dict[str, dt.datetime]) -> None:
         """One query for the slots this scheduler waited for and the heads of their first
-        choices' shares: start those nobody claimed whose first choice has not claimed
-        its head either (dead, full or stuck). One that has is at work: the second choice
-        looks again at the last resort's time and then starts the slot if it is still
-        unclaimed; a later choice leaves it to it. A slot left or claimed starts next at
-        its next slot, unless its policy has it look again (retries, a buffering
-        overlap): then it starts as usual, and decides."""
+        choices' shares; then each slot's verdict (``Handoffs.verdict``): start it, look
+        again later, or leave it to the scheduler at work."""
         slots = {}
         for name, due in list(waited.items()):
             job = self.served.jobs[name]
@@ -300,30 +296,26 @@ class Scheduler:
                 del waited[name]
                 continue
             slots[name] = found[0]
-        heads = {name: self.handoffs.heads.pop(name, (name, slots[name], None)) for name in waited}
+        heads = self.handoffs.take_heads(slots)
         looked = {head: slot for head, slot, _ in heads.values()}
         try:
             claimed = spread.claimed({**looked, **slots}, using=self.using)
         except LockDatabaseError as exc:
-            self.handoffs.handed.update(waited)  # looked at again once the database answers
-            self.handoffs.heads.update(heads)
+            self.handoffs.put_back(waited, heads)  # looked at again once it answers
             self._database_down(exc)
             return
         for name, due in waited.items():
             job = self.served.jobs[name]
-            head, _, again = heads[name]
-            at_work = head != name and head in claimed
-            if (name in claimed or at_work) and not job.rechecks:
-                if name not in claimed and again is not None:
-                    self.handoffs.handed[name], self.due[name] = due, again
-                    self.handoffs.heads[name] = (name, slots[name], None)
-                else:
-                    self._next(job, None, self._following(job, due))
-            elif self.stopping or len(self.running) >= self.max_concurrent:
-                self.handoffs.handed[name], self.due[name] = due, due  # full: looked at again
-                self.handoffs.heads[name] = heads[name]
-            else:
+            full = self.stopping or len(self.running) >= self.max_concurrent
+            verdict, at = self.handoffs.verdict(
+                name, due, heads[name], slots[name], claimed, rechecks=job.rechecks, full=full
+            )
+            if verdict == spread.START:
                 self._start(job, due)
+            elif verdict == spread.LEAVE:
+                self._next(job, None, self._following(job, due))
+            elif at is not None:
+                self.due[name] = at
 
     def _sleep(self) -> None:
         """Wait for the next due slot, a child's end or report, a signal, or a beat."""

@@ -327,6 +327,58 @@ class Handoffs:
                 self.heads[name] = (head, whole[head], again)
         return looks
 
+    def take_heads(
+        self, slots: dict[str, dt.datetime]
+    ) -> dict[str, tuple[str, dt.datetime, dt.datetime | None]]:
+        """The head of each waited slot's first choice's share (the slot itself if none
+        was noted), taken out until :meth:`verdict` or :meth:`put_back`."""
+        return {name: self.heads.pop(name, (name, slot, None)) for name, slot in slots.items()}
+
+    def put_back(
+        self,
+        waited: dict[str, dt.datetime],
+        heads: dict[str, tuple[str, dt.datetime, dt.datetime | None]],
+    ) -> None:
+        """The look could not be made (the database is down): looked at again later."""
+        self.handed.update(waited)
+        self.heads.update(heads)
+
+    def verdict(
+        self,
+        name: str,
+        due: dt.datetime,
+        head: tuple[str, dt.datetime, dt.datetime | None],
+        slot: dt.datetime,
+        claimed: set[str],
+        *,
+        rechecks: bool,
+        full: bool,
+    ) -> tuple[str, dt.datetime | None]:
+        """What a scheduler does with a slot it waited for, once it has looked which
+        slots and heads are ``claimed``: start it (``START``) if nobody claimed it and
+        its first choice has not claimed its head either (dead, full or stuck). If its
+        first choice is at work, the second choice looks again at the last resort's time
+        (``LOOK``, when) and then starts it if it is still unclaimed; a later choice
+        leaves it (``LEAVE``: its next slot). A job whose policy has it look again
+        (``rechecks``: retries, a buffering overlap) starts as usual, and decides. A
+        ``full`` scheduler looks again at once, when it has room."""
+        holder, _, again = head
+        at_work = holder != name and holder in claimed
+        if (name in claimed or at_work) and not rechecks:
+            if name not in claimed and again is not None:
+                self.handed[name] = due
+                self.heads[name] = (name, slot, None)
+                return LOOK, again
+            return LEAVE, None
+        if full:
+            self.handed[name] = due
+            self.heads[name] = head
+            return LOOK, due
+        return START, None
+
+
+START, LOOK, LEAVE = "start", "look again", "leave"  # a waited slot's verdict
+
 
 def claimed(slots: dict[str, dt.datetime], *, using: str) -> set[str]:
     """Which of these jobs' slots have a run row (one query for all of them)."""
