@@ -1,5 +1,6 @@
-"""The admin: the jobs page (pause, resume, run now), locks (force-release) and runs."""
+"""The admin: the jobs page (pause, resume, run now), locks (force-release), runs and
+schedulers (acknowledge the gone)."""
 
-from . import jobs, locks, runs
+from . import jobs, locks, runs, schedulers
 
-__all__ = ["jobs", "locks", "runs"]
+__all__ = ["jobs", "locks", "runs", "schedulers"]
