@@ -13,6 +13,7 @@ import datetime as dt
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from ..lock.errors import LockConfigurationError
 from . import catchup, overrides
 from .catchup import CatchUp
 from .status import RunStatus
@@ -150,7 +151,7 @@ def decide(
         paused = Record((current,), RunStatus.PAUSED, f"Paused: {why}.")
         return replace(first, records=(paused,), slot=current, why=why)
     quiet = state.quiet(now) if state is not None else []
-    replaced = overrides.replaced_slots(state, latest.slot if latest else None, now)
+    replaced = replaced_slots(state, latest.slot if latest else None, now)
     plan = catchup.plan(
         job.schedule,
         job.catch_up or CatchUp(),
@@ -274,3 +275,24 @@ def replaced_records(
     if replaced.slots:
         records.append(Record(tuple(replaced.slots), RunStatus.MISSED, why))
     return records
+
+
+def replaced_slots(
+    state: JobState | None, since: dt.datetime | None, now: dt.datetime
+) -> catchup.Replaced | None:
+    """The slots of the schedule that ``state``'s change replaced, after ``since`` (the
+    job's latest recorded slot) and before the change: no server ran them, outside the
+    last pause (at most ``MAX_RECORDED`` walked, the newest; the older ones counted as
+    one range: ``catchup.replaced``). None if the latest slot is after the change."""
+    changed = state.schedule_since if state is not None else None
+    if state is None or changed is None or not state.schedule_before or since is None:
+        return None
+    if since >= changed:
+        return None
+    try:  # the schedule of a bad override now gone (Back to the code): none recorded
+        schedule = overrides.make(state.schedule_before, None)
+        said = overrides.describe("schedule", state.schedule_before)
+        pause = state.last_pause(now)
+        return catchup.replaced(schedule, said, since, changed, min(changed, now), pause)
+    except (LockConfigurationError, ArithmeticError, TypeError, ValueError, LookupError):
+        return None

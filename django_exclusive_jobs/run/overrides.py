@@ -40,7 +40,6 @@ from .schedules import Cron, Every, Schedule, make_schedule
 
 if TYPE_CHECKING:
     from ..models import JobState
-    from .catchup import Replaced
 
 SETTINGS = ("schedule", "kwargs", "timeout", "overlap")
 
@@ -420,29 +419,6 @@ def read(names: list[str], *, using: str) -> dict[str, JobState]:
 
     rows = JobState.objects.using(using).of_jobs(names)
     return {row.name: row for row in run_statement(using, lambda: list(rows))}
-
-
-def replaced_slots(
-    state: JobState | None, since: dt.datetime | None, now: dt.datetime
-) -> Replaced | None:
-    """The slots of the schedule that ``state``'s change replaced, after ``since`` (the
-    job's latest recorded slot) and before the change: no server ran them, outside the
-    last pause (at most ``MAX_RECORDED`` walked, the newest; the older ones counted as
-    one range: ``catchup.replaced``). None if the latest slot is after the change."""
-    from .catchup import replaced
-
-    changed = state.schedule_since if state is not None else None
-    if state is None or changed is None or not state.schedule_before or since is None:
-        return None
-    if since >= changed:
-        return None
-    try:  # the schedule of a bad override now gone (Back to the code): none recorded
-        schedule = make(state.schedule_before, None)
-        said = describe("schedule", state.schedule_before)
-        pause = state.last_pause(now)
-        return replaced(schedule, said, since, changed, min(changed, now), pause)
-    except (LockConfigurationError, ArithmeticError, TypeError, ValueError, LookupError):
-        return None
 
 
 def job_in_force(name: str, *, using: str, strict: bool = False) -> Job:
