@@ -137,37 +137,13 @@ def plan(
     """
     if current is None:
         current = schedule.slot_at(now)
-    due: list[dt.datetime] = []  # slots no server has a row for, newest first
-    for slot in schedule.slots_back(current):
-        if last_recorded is not None and slot <= last_recorded:
-            break
-        due.append(slot)
-        if last_recorded is None or len(due) == MAX_RECORDED:
-            break
     if last_recorded is None:
         return Plan(current)  # a job's first run: nothing before it, on time or not
-    due.reverse()
+    due = _unrecorded(schedule, current, last_recorded)
     for begin, end in quiet or ():
         due = [slot for slot in due if not begin <= slot <= end]
     start = start_of or (lambda slot: slot)
-    if overlap.lock_per_slot:
-        ran = None  # side by side: a slot that came during a run is run like any other
-    elif (
-        overlap.only_overruns_count
-        and ran is not None
-        and not _overran(schedule, last_recorded, ran)
-    ):
-        ran = None  # a slot came during it only because it began late: catch_up's
-    # Slots whose start (with its jitter) came while the previous run ran: overlap's.
-    # Under buffer_all, a previous run that began after its slot was itself buffered,
-    # and the slots that came before it began were buffered with it: they run too (the
-    # start that planned them wrote no row for them).
-    since = ran[0] if ran is not None and not overlap.counts_slots_before_run_began else None
-    during = [
-        slot
-        for slot in due
-        if ran is not None and (since is None or since < start(slot)) and start(slot) <= ran[1]
-    ]
+    during = _came_during(schedule, overlap, last_recorded, ran, due, start)
     buffered = overlap.slots_run_after(catch_up)
     cut = max(0, len(during) - buffered)
     skipped, buffered_slots = during[:cut], during[cut:]
@@ -177,20 +153,64 @@ def plan(
     runnable = catch_up.slots_to_run(runnable, current)
     missed = [slot for slot in due if slot not in runnable]
     runnable = sorted(buffered_slots + runnable)  # oldest first: each is then the latest
-    written = max(missed[-1:] + skipped[-1:], default=None)  # the newest row written now
-    if written is not None:
-        # The slots left to run after this one get no row now, and the starts that run
-        # them look only after the newest row: one older than a slot recorded missed or
-        # skipped would never be found. Under buffer_all a slot nobody ran (the servers
-        # were down after the run) is newer than the buffered ones (found by the
-        # protocol's model, docs/model.md); under catch_up="all" a slot that came during
-        # a run that overran is newer than the missed slots still to run (found by the
-        # claim's properties, tests/test_claim_properties.py): those not run now are
-        # skipped.
-        passed = [slot for slot in runnable[1:] if slot < written]
-        skipped = sorted(skipped + passed)
-        runnable = [slot for slot in runnable if slot not in passed]
+    runnable, skipped = _none_left_behind(runnable, missed, skipped)
     return Plan(runnable[0] if runnable else None, missed, len(runnable) > 1, skipped)
+
+
+def _unrecorded(
+    schedule: Schedule, current: dt.datetime, last_recorded: dt.datetime
+) -> list[dt.datetime]:
+    """The slots after ``last_recorded`` up to ``current`` that no server has a row for,
+    oldest first (the newest ``MAX_RECORDED`` at most)."""
+    due: list[dt.datetime] = []  # newest first
+    for slot in schedule.slots_back(current):
+        if slot <= last_recorded:
+            break
+        due.append(slot)
+        if len(due) == MAX_RECORDED:
+            break
+    due.reverse()
+    return due
+
+
+def _came_during(
+    schedule: Schedule,
+    overlap: Overlap,
+    last_recorded: dt.datetime,
+    ran: tuple[dt.datetime, dt.datetime] | None,
+    due: list[dt.datetime],
+    start: Callable[[dt.datetime], dt.datetime],
+) -> list[dt.datetime]:
+    """The slots of ``due`` whose start (with its jitter) came while the run of
+    ``last_recorded`` ran (``ran``): ``overlap`` decides them. Under buffer_all, a
+    previous run that began after its slot was itself buffered, and the slots that came
+    before it began were buffered with it: they run too (the start that planned them
+    wrote no row for them)."""
+    if ran is None or overlap.lock_per_slot:
+        return []  # side by side: a slot that came during a run is run like any other
+    if overlap.only_overruns_count and not _overran(schedule, last_recorded, ran):
+        return []  # a slot came during it only because it began late: catch_up's
+    since = None if overlap.counts_slots_before_run_began else ran[0]
+    return [
+        slot for slot in due if (since is None or since < start(slot)) and start(slot) <= ran[1]
+    ]
+
+
+def _none_left_behind(
+    runnable: list[dt.datetime], missed: list[dt.datetime], skipped: list[dt.datetime]
+) -> tuple[list[dt.datetime], list[dt.datetime]]:
+    """The slots left to run after this one get no row now, and the starts that run
+    them look only after the newest row written now: one older than a slot recorded
+    missed or skipped would never be found. Under buffer_all a slot nobody ran (the
+    servers were down after the run) is newer than the buffered ones (found by the
+    protocol's model, docs/model.md); under catch_up="all" a slot that came during a run
+    that overran is newer than the missed slots still to run (found by the claim's
+    properties, tests/test_claim_properties.py): those not run now are skipped."""
+    written = max(missed[-1:] + skipped[-1:], default=None)  # the newest row written now
+    if written is None:
+        return runnable, skipped
+    passed = [slot for slot in runnable[1:] if slot < written]
+    return [slot for slot in runnable if slot not in passed], sorted(skipped + passed)
 
 
 def _overran(schedule: Schedule, slot: dt.datetime, ran: tuple[dt.datetime, dt.datetime]) -> bool:
