@@ -150,6 +150,22 @@ def decide(
         why = state.why_paused()
         paused = Record((current,), RunStatus.PAUSED, f"Paused: {why}.")
         return replace(first, records=(paused,), slot=current, why=why)
+    return _planned(first, job, current, now, acquired, holder, latest, state)
+
+
+def _planned(
+    first: Decision,
+    job: Job,
+    current: dt.datetime,
+    now: dt.datetime,
+    acquired: dt.datetime,
+    holder: str,
+    latest: JobRun | None,
+    state: JobState | None,
+) -> Decision:
+    """The claim of a start that catch-up and overlap plan (``catchup.plan``): the slots
+    a schedule change replaced, those missed and skipped, recorded; the slot it runs."""
+    assert job.schedule is not None
     quiet = state.quiet(now) if state is not None else []
     replaced = replaced_slots(state, latest.slot if latest else None, now)
     plan = catchup.plan(
