@@ -577,8 +577,8 @@ class Run:
 
         using = resolve_alias(self.job.using)
         slot = self._due_slot()
-        running = JobRun.objects.using(using).running().filter(name=self.name, token=held.token)
-        older = run_statement(using, lambda: running.values_list("slot", flat=True).first())
+        runs, token = JobRun.objects.using(using), held.token
+        older = run_statement(using, lambda: runs.slot_running_under(self.name, token))
         if older is None or older >= slot:
             return None
         me = holder_name(process.host, process.pid, process.instance)
