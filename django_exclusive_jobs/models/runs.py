@@ -89,6 +89,13 @@ class JobRunQuerySet(models.QuerySet["JobRun"]):
         """The job's attempts of ``slot``, newest first."""
         return self.filter(name=name, slot=slot).order_by("-attempt")
 
+    def slot_running_under(self, name: str, token: int) -> dt.datetime | None:
+        """The slot of the job's run still running under the lock's ``token`` (None: no
+        such run, or a manual run): what ``overlap="cancel_other"`` compares its own with."""
+        running = self.running().filter(name=name, token=token)
+        slot: dt.datetime | None = running.values_list("slot", flat=True).first()
+        return slot
+
     def give_up_retry(self, pk: int) -> int:
         """Clear the pending retry of the run ``pk`` (it becomes its slot's last attempt);
         how many rows changed (0: no retry was pending)."""
