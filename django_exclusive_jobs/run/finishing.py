@@ -12,7 +12,7 @@ from .. import logs, signals
 from ..lock.errors import JobLockError
 from ..lock.lock import Lock
 from ..logs import line
-from . import history, pausing
+from . import end_rows, pausing
 from .child import ChildExit
 from .ending import Ending, RunResult, status_of, status_of_error
 from .saying import Saying
@@ -91,7 +91,7 @@ class Finishing(Saying):
         if self.run_id is not None and result.status in RunStatus.unsuccessful():
             result.retry_at = self.retry_at = self._retry_at(lock, ended)
         if self.run_id is not None:
-            self.unwritten_end = history.record_end(
+            self.unwritten_end = end_rows.record_end(
                 lock,
                 self.run_id,
                 status=result.status,

@@ -28,9 +28,7 @@ from ..lock.retry import run_statement
 from ..logs import extra
 from . import catchup, run_requests
 from . import claim as decision
-from .end_rows import abandoned_by_its_holder, abandoned_runs, close_abandoned
-from .end_rows import is_ours as is_ours  # the runner's names until it imports end_rows
-from .end_rows import record_end as record_end
+from .end_rows import abandoned_by_its_holder, abandoned_runs, close_abandoned, is_ours
 from .retries import Retries
 from .schedules import Schedule
 from .status import RunStatus

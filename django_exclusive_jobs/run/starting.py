@@ -18,7 +18,7 @@ from ..lock.retry import run_statement
 from ..lock.validation import resolve_alias
 from ..logs import line
 from ..naming import holder_name
-from . import history, overrides, run_requests, slot_locks
+from . import end_rows, history, overrides, run_requests, slot_locks
 from .ending import RunResult
 from .finishing import Finishing
 from .status import RunStatus
@@ -221,7 +221,7 @@ class Starting(Finishing):
         self._say_skipped(claim.skipped)
         if claim.run is None:
             return self._skipped(claim.why, lock.holder, None)
-        if history.is_ours(claim.run, lock):
+        if end_rows.is_ours(claim.run, lock):
             self.run_id, self.attempt = claim.run.pk, claim.run.attempt
             return None
         slot = self.slot.isoformat() if self.slot else "?"
