@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -99,17 +100,29 @@ def configuration_error() -> str | None:
 
 def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
     """Each setting's own range (a value that is not a duration is E003 wherever it is)."""
-    messages: list[CheckMessage] = []
+    found = _Found(merged)
+    _check_lock_settings(found)
+    _check_run_settings(found)
+    _check_output_settings(found)
+    return found.messages
 
-    def duration(key: str, most: dt.timedelta = values.LONGEST) -> dt.timedelta | None:
+
+@dataclass
+class _Found:
+    """The settings' values being checked, and the messages found so far, in order."""
+
+    merged: dict[str, Any]
+    messages: list[CheckMessage] = field(default_factory=list)
+
+    def duration(self, key: str, most: dt.timedelta = values.LONGEST) -> dt.timedelta | None:
         # values.duration: its parser and its longest; the lower bounds are each
-        # setting's own check below.
+        # setting's own check.
         try:
             return values.duration(
-                merged[key], what=f"{SETTING}[{key!r}]", least=dt.timedelta.min, most=most
+                self.merged[key], what=f"{SETTING}[{key!r}]", least=dt.timedelta.min, most=most
             )
         except ValueError as exc:
-            messages.append(
+            self.messages.append(
                 Error(
                     str(exc),
                     hint="Use seconds or a string like '90s', '15m', '1h'.",
@@ -118,10 +131,15 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
             )
             return None
 
-    def error(id: str, key: str, problem: str, hint: str | None = None) -> None:
-        messages.append(Error(f"{SETTING}[{key!r}] {problem}", hint=hint, id=PREFIX + id))
+    def error(self, id: str, key: str, problem: str, hint: str | None = None) -> None:
+        self.messages.append(Error(f"{SETTING}[{key!r}] {problem}", hint=hint, id=PREFIX + id))
 
-    ttl, hold = duration("TTL", dt.timedelta.max), duration("MIN_HOLD", dt.timedelta.max)
+
+def _check_lock_settings(found: _Found) -> None:
+    """The lock's: TTL, MIN_HOLD, DATABASE, KEEPALIVE."""
+    error, merged = found.error, found.merged
+    ttl = found.duration("TTL", dt.timedelta.max)
+    hold = found.duration("MIN_HOLD", dt.timedelta.max)
     if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
         error(
             "E004",
@@ -141,24 +159,34 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
         )
     if not isinstance(merged["KEEPALIVE"], bool):
         error("E007", "KEEPALIVE", "must be True or False.")
-    tolerance = duration("SLOT_TOLERANCE")
+
+
+def _check_run_settings(found: _Found) -> None:
+    """The runs': SLOT_TOLERANCE, KEEP_RUNS, RUNNING_LONG_FACTOR, TIMEOUT, BUSY_TIMEOUT."""
+    error, merged = found.error, found.merged
+    tolerance = found.duration("SLOT_TOLERANCE")
     if tolerance is not None and tolerance < dt.timedelta(0):
         error("E008", "SLOT_TOLERANCE", "must not be negative.", "How early a start may be.")
-    keep = duration("KEEP_RUNS")
+    keep = found.duration("KEEP_RUNS")
     if keep is not None and keep <= dt.timedelta(0):
         error("E009", "KEEP_RUNS", "must be positive.", "prune_job_runs keeps this much history.")
     factor = merged["RUNNING_LONG_FACTOR"]
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1:
         error("E010", "RUNNING_LONG_FACTOR", f"must be a number above 1, not {factor!r}.")
-    timeout = None if merged["TIMEOUT"] is None else duration("TIMEOUT")
+    timeout = None if merged["TIMEOUT"] is None else found.duration("TIMEOUT")
     if timeout is not None and timeout <= dt.timedelta(0):
         error("E015", "TIMEOUT", "must be positive, or None for no limit.")
-    busy = duration("BUSY_TIMEOUT")
+    busy = found.duration("BUSY_TIMEOUT")
     if busy is not None and busy < dt.timedelta(0):
         error("E011", "BUSY_TIMEOUT", "must not be negative.")
+
+
+def _check_output_settings(found: _Found) -> None:
+    """What it shows: the health and metrics views' HEALTH_TOKEN, the LOG_FORMAT."""
+    merged = found.merged
     token = merged["HEALTH_TOKEN"]
     if token is not None and (not isinstance(token, str) or len(token) < HEALTH_TOKEN_LENGTH):
-        messages.append(
+        found.messages.append(
             Warning(
                 f"{SETTING}['HEALTH_TOKEN'] is {_token_said(token)}: a short token can be "
                 "guessed, and it opens the health and metrics views.",
@@ -168,8 +196,9 @@ def _check_values(merged: dict[str, Any]) -> list[CheckMessage]:
             )
         )
     if merged["LOG_FORMAT"] not in LOG_FORMATS:
-        error("E016", "LOG_FORMAT", f"must be 'text' or 'json', not {merged['LOG_FORMAT']!r}.")
-    return messages
+        found.error(
+            "E016", "LOG_FORMAT", f"must be 'text' or 'json', not {merged['LOG_FORMAT']!r}."
+        )
 
 
 def _token_said(token: object) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,8 @@ NOT_ENDS = (RunStatus.RUNNING, *RunStatus.not_runs())
 ENDS = [status for status in RunStatus.values if status not in NOT_ENDS]
 # Each problem kind of the health checks, as a label value.
 PROBLEMS = {kind: kind.value.replace(" ", "_") for kind in Health}
+# The label of every per-job metric.
+LABEL = ("job_name",)
 
 
 @dataclass
@@ -147,40 +149,48 @@ def metric_families(using: str | None = None) -> list[Metric]:
 def _families(jobs: Overview, totals: Totals) -> list[Metric]:
     described = {job.name: job for job in [*jobs.jobs, *jobs.undeclared]}
     names = sorted(set(described) | totals.jobs)
-    label = ["job_name"]
+    return [
+        *_run_families(names, totals),
+        *_state_families(names, described),
+        *_scheduler_families(jobs),
+        _up(True),
+    ]
 
-    def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            f"{PREFIX}_{name}", doc, labels=label if labels is None else labels
-        )
 
+def _gauge(name: str, doc: str, labels: Sequence[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=LABEL if labels is None else labels)
+
+
+def _run_families(names: list[str], totals: Totals) -> list[Metric]:
+    """What each job's runs counted: how they ended, the slots nobody ran, the last
+    success and failure, the durations and the lateness."""
     runs = CounterMetricFamily(
         f"{PREFIX}_runs", "Runs that ended, by how they ended.", labels=["job_name", "status"]
     )
     missed = CounterMetricFamily(
-        f"{PREFIX}_missed_slots", "Scheduled slots no server ran (recorded missed).", labels=label
+        f"{PREFIX}_missed_slots", "Scheduled slots no server ran (recorded missed).", labels=LABEL
     )
     skipped = CounterMetricFamily(
         f"{PREFIX}_skipped_slots",
         "Scheduled slots skipped because the job's previous run still ran (its overlap policy).",
-        labels=label,
+        labels=LABEL,
     )
-    success = gauge(
+    success = _gauge(
         "last_success_timestamp_seconds",
         "When the job's last run that succeeded (or enqueued its task) ended; 0: never.",
     )
-    failure = gauge(
+    failure = _gauge(
         "last_failure_timestamp_seconds",
         "When the job's last failed, timed out or lost run ended; 0: never.",
     )
     duration = HistogramMetricFamily(
-        f"{PREFIX}_run_duration_seconds", "How long runs lasted.", labels=label
+        f"{PREFIX}_run_duration_seconds", "How long runs lasted.", labels=LABEL
     )
     lateness = HistogramMetricFamily(
         f"{PREFIX}_start_lateness_seconds",
         "How long after its slot a scheduled slot's first attempt started (its jitter "
         "included; negative: started early, within the slot tolerance).",
-        labels=label,
+        labels=LABEL,
     )
     for name in names:
         for status in ENDS:
@@ -195,12 +205,16 @@ def _families(jobs: Overview, totals: Totals) -> list[Metric]:
         ):
             histogram = histograms.get(name, Histogram())
             family.add_metric([name], histogram.cumulative(bounds), histogram.total)
+    return [runs, missed, skipped, success, failure, duration, lateness]
 
-    next_slot = gauge("next_slot_timestamp_seconds", "When the job's next slot comes.")
-    held = gauge("lock_held", "1 while a run holds the job's lock.")
-    running = gauge("running_seconds", "How long the job's current run has lasted; 0: none.")
-    paused = gauge("paused", "1 while an operator has paused the job.")
-    problem = gauge(
+
+def _state_families(names: list[str], described: dict[str, JobHealth]) -> list[Metric]:
+    """Each job now: its next slot, its lock, its current run, its pause, its problems."""
+    next_slot = _gauge("next_slot_timestamp_seconds", "When the job's next slot comes.")
+    held = _gauge("lock_held", "1 while a run holds the job's lock.")
+    running = _gauge("running_seconds", "How long the job's current run has lasted; 0: none.")
+    paused = _gauge("paused", "1 while an operator has paused the job.")
+    problem = _gauge(
         "problem",
         "1 while the health checks find this problem with the job (exclusive_jobs --check).",
         ["job_name", "problem"],
@@ -215,9 +229,13 @@ def _families(jobs: Overview, totals: Totals) -> list[Metric]:
         for kind, value in PROBLEMS.items():
             if kind not in (Health.OK, Health.PAUSED):
                 problem.add_metric([name, value], float(kind in job.kinds))
+    return [next_slot, held, running, paused, problem]
 
-    alive = gauge("scheduler_alive", "1 while the scheduler beats.", ["scheduler"])
-    beat = gauge(
+
+def _scheduler_families(jobs: Overview) -> list[Metric]:
+    """Each scheduler: alive, its last beat; and how many beat now."""
+    alive = _gauge("scheduler_alive", "1 while the scheduler beats.", ["scheduler"])
+    beat = _gauge(
         "scheduler_last_heartbeat_timestamp_seconds",
         "When the scheduler last beat.",
         ["scheduler"],
@@ -233,24 +251,7 @@ def _families(jobs: Overview, totals: Totals) -> list[Metric]:
     count = GaugeMetricFamily(
         f"{PREFIX}_schedulers_alive", "Schedulers beating now.", value=jobs.schedulers_alive
     )
-    return [
-        runs,
-        missed,
-        skipped,
-        success,
-        failure,
-        duration,
-        lateness,
-        next_slot,
-        held,
-        running,
-        paused,
-        problem,
-        alive,
-        beat,
-        count,
-        _up(True),
-    ]
+    return [alive, beat, count]
 
 
 def _up(up: bool) -> GaugeMetricFamily:

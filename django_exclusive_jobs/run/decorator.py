@@ -7,20 +7,22 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
-from .. import values
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.lock import Lock
-from ..lock.validation import validate_timeout, validate_timing, validate_wait
-from . import slot_locks
-from .arguments import check_kwargs
-from .catchup import make_catch_up, make_overlap
+from .declaration import (
+    Declaration,
+    check_in_process,
+    check_lock_options,
+    check_pause_after,
+    declared_schedules,
+    make_jobs,
+    refuse_removed,
+    scheduled_policies,
+)
 from .jitter import make_jitter
-from .policies import SKIP, find_overlap
 from .registry import Job, register
-from .retries import make_retries
 from .runner import Run, RunResult
-from .schedules import SCHEDULE_SEPARATOR, Schedule, make_schedule, several_schedules
 from .start import Start
 from .status import RunStatus
 from .tasks import enqueuer, is_task
@@ -141,136 +143,66 @@ def exclusive_job(
     """
     if callable(name):
         return exclusive_job()(name)
-    if "retry_failed" in removed:
-        raise LockConfigurationError(
-            "retry_failed= was replaced by retries=N (and retry_backoff=): declare how many "
-            "times a failed slot is run again, e.g. retries=1."
-        )
-    if removed:
-        raise TypeError(
-            f"exclusive_job() got an unexpected keyword argument {next(iter(removed))!r}"
-        )
-    if on_held not in ("skip", "raise"):
-        raise LockConfigurationError(f"on_held must be 'skip' or 'raise', not {on_held!r}.")
-    # Check what was passed here; the settings' defaults are the system checks' job.
-    validate_timing(ttl, min_hold, use_settings=False)
-    time_limit = validate_timeout(timeout)
-    if wait is not None:
-        validate_wait(wait)
-    # Each schedule by its name ("" for the one of every=/cron=, or none), its arguments.
-    declared: dict[str, tuple[Schedule | None, object]]
-    if schedules is None:
-        schedule = make_schedule(
-            every=every, cron=cron, timezone=timezone, tolerance=slot_tolerance
-        )
-        declared = {"": (schedule, {} if kwargs is None else kwargs)}
-    elif (every, cron, timezone, kwargs) != (None, None, None, None):
-        raise LockConfigurationError(
-            "With schedules=, give cron=, every=, timezone= and kwargs= in each schedule."
-        )
-    else:
-        declared = dict(several_schedules(schedules, tolerance=slot_tolerance))
-    scheduled = all(schedule is not None for schedule, _ in declared.values())
-    given_kwargs = kwargs is not None
-    retries, backoff = make_retries(retries, retry_backoff)
-    if retries and not scheduled:
-        raise LockConfigurationError("retries only applies with every= or cron=.")
-    changed = (catch_up, catch_up_limit, catch_up_window) != ("latest", 10, None)
-    if changed and not scheduled:
-        raise LockConfigurationError("catch_up only applies with every= or cron=.")
-    policy = make_catch_up(catch_up, catch_up_limit, catch_up_window)
-    if find_overlap(overlap) != SKIP and not scheduled:
-        raise LockConfigurationError("overlap only applies with every= or cron=.")
-    overlapping = make_overlap(overlap, policy)
+    refuse_removed(removed)
+    time_limit = check_lock_options(on_held, ttl, min_hold, wait, timeout)
+    declared = declared_schedules(schedules, every, cron, timezone, kwargs, slot_tolerance)
+    retries, backoff, policy, overlapping = scheduled_policies(
+        declared, retries, retry_backoff, catch_up, catch_up_limit, catch_up_window, overlap
+    )
     spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
-    if pause_after is not None and (
-        isinstance(pause_after, bool) or not isinstance(pause_after, int) or pause_after < 1
-    ):
-        raise LockConfigurationError(
-            f"pause_after must be a whole number of failures of 1 or more, got {pause_after!r}."
-        )
-
-    if not isinstance(in_process, bool):
-        raise LockConfigurationError(f"in_process must be True or False, not {in_process!r}.")
-    if in_process and (time_limit is not None or overlapping.needs_child_process):
-        stopper = "timeout=" if time_limit is not None else f"overlap={overlapping.name!r}"
-        raise LockConfigurationError(
-            f"in_process=True runs the job in a thread of the scheduler, which nothing can "
-            f"stop, so {stopper} could not stop it: leave in_process out (a child process) "
-            f"or drop {stopper}."
-        )
-
-    def make_jobs(func: Callable[..., Any], task: Any = None) -> list[Job]:
-        """The jobs ``func`` runs as, named ``name`` or ``module.qualname`` (plus
-        ``:schedule`` for each of several schedules), their arguments checked."""
-        base = values.name(name or f"{func.__module__}.{func.__qualname__}")
-        jobs = []
-        for key, (schedule, arguments) in declared.items():
-            job_name = values.name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
-            longest = values.NAME_LENGTH - slot_locks.LENGTH
-            if overlapping.lock_per_slot and len(job_name) > longest:
-                raise LockConfigurationError(
-                    f"With overlap='allow_all' a job's name has at most {longest} characters "
-                    f"(each slot's lock adds the slot's time to it); {job_name[:40]!r}... "
-                    f"has {len(job_name)}."
-                )
-            # What its own starts call it with must fit. A single schedule without
-            # kwargs= may serve direct calls that pass arguments: not checked.
-            if given_kwargs or key:
-                what = f"Schedule {key!r}: kwargs" if key else "kwargs"
-                arguments = check_kwargs(task.func if task else func, arguments, what=what)
-            assert isinstance(arguments, dict)
-            jobs.append(
-                Job(
-                    job_name,
-                    func,
-                    ttl,
-                    min_hold,
-                    wait,
-                    using,
-                    on_held,
-                    keepalive,
-                    schedule,
-                    catch_up=policy,
-                    task=task,
-                    timeout=time_limit,
-                    overlap=overlapping,
-                    retries=retries,
-                    retry_backoff=backoff,
-                    jitter=spread[key],
-                    kwargs=arguments,
-                    pause_after=pause_after,
-                    in_process=in_process,
-                )
-            )
-        return jobs
+    check_pause_after(pause_after)
+    check_in_process(in_process, time_limit, overlapping)
+    shared = {
+        "ttl": ttl,
+        "min_hold": min_hold,
+        "wait": wait,
+        "using": using,
+        "on_held": on_held,
+        "keepalive": keepalive,
+        "catch_up": policy,
+        "timeout": time_limit,
+        "overlap": overlapping,
+        "retries": retries,
+        "retry_backoff": backoff,
+        "pause_after": pause_after,
+        "in_process": in_process,
+    }
+    declaration = Declaration(
+        name, declared, spread, kwargs is not None, schedules is not None, shared
+    )
 
     def decorate(func: F) -> F:
-        if is_task(func):
-            return _schedule_task(func)
-        jobs = make_jobs(func)
-        for job in jobs:
-            register(job)
-        if schedules is not None:
-            return _several(func, jobs)  # type: ignore[return-value]
-        # A direct call is an ordinary call: the caller's arguments, none recorded.
-        [job] = jobs
-        direct = replace(job, kwargs={})
-        wrapper = _async_wrapper(direct) if job.is_async else _sync_wrapper(direct)
-        wrapper.job = job  # type: ignore[attr-defined]
-        return wrapper  # type: ignore[return-value]
-
-    def _schedule_task(task: F) -> F:
-        """A django.tasks Task: its job enqueues it; the Task itself is returned as is."""
-        if not scheduled:
-            raise LockConfigurationError(
-                "A django.tasks Task needs every= or cron=: its job enqueues it at each slot."
-            )
-        for job in make_jobs(enqueuer(task), task=task):
-            register(job)
-        return task
+        return _decorate(declaration, func)
 
     return decorate
+
+
+def _decorate(declaration: Declaration, func: F) -> F:
+    """``func`` as the job(s) ``declaration`` declares, registered."""
+    if is_task(func):
+        return _schedule_task(declaration, func)
+    jobs = make_jobs(declaration, func)
+    for job in jobs:
+        register(job)
+    if declaration.several:
+        return _several(func, jobs)  # type: ignore[return-value]
+    # A direct call is an ordinary call: the caller's arguments, none recorded.
+    [job] = jobs
+    direct = replace(job, kwargs={})
+    wrapper = _async_wrapper(direct) if job.is_async else _sync_wrapper(direct)
+    wrapper.job = job  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+def _schedule_task(declaration: Declaration, task: F) -> F:
+    """A django.tasks Task: its job enqueues it; the Task itself is returned as is."""
+    if not declaration.scheduled:
+        raise LockConfigurationError(
+            "A django.tasks Task needs every= or cron=: its job enqueues it at each slot."
+        )
+    for job in make_jobs(declaration, enqueuer(task), task=task):
+        register(job)
+    return task
 
 
 def _several(func: Callable[..., Any], jobs: list[Job]) -> Callable[..., Any]:

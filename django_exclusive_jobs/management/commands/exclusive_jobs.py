@@ -82,62 +82,10 @@ class Command(JobCommand):
             "--check", action="store_true", help="one line per problem; exit 1 if any"
         )
         parser.add_argument("--database", help="database alias of the lock table")
-        parser.add_argument(
-            "--by",
-            type=reason_option("--by", limit=BY_LENGTH),
-            help="who asks (default: user@host of this shell)",
-        )
-        parser.add_argument(
-            "--reason",
-            type=reason_option("--reason"),
-            default="",
-            help="pause, resume: why (in the audit)",
-        )
-        parser.add_argument(
-            "--until",
-            type=moment_option("--until"),
-            help="pause: when the pause ends by itself (database time), ISO 8601; without a "
-            "zone, in the job's cron time zone, else TIME_ZONE",
-        )
-        parser.add_argument(
-            "--kwargs",
-            type=kwargs_option("--kwargs"),
-            help='run: the arguments, a JSON object such as \'{"day": "2026-11-24"}\'; they '
-            "update the job's declared kwargs (the given ones win)",
-        )
-        parser.add_argument(
-            "--from",
-            dest="start",
-            type=moment_option("--from"),
-            help="backfill: the oldest slot, ISO 8601; without a zone, in the job's cron time "
-            "zone, else TIME_ZONE",
-        )
-        parser.add_argument(
-            "--to",
-            dest="end",
-            type=moment_option("--to"),
-            help="backfill: the newest slot, as --from (default: now)",
-        )
-        parser.add_argument(
-            "--dry-run", action="store_true", help="backfill: list the slots; run nothing"
-        )
-        parser.add_argument(
-            "--wait",
-            type=duration_option("--wait"),
-            help="backfill: how long to wait for the job's lock while another run of it "
-            "goes on, before stopping (default: the job's ttl)",
-        )
-        parser.add_argument(
-            "--yes",
-            action="store_true",
-            help="backfill: go on although the job's function takes no slot argument",
-        )
-        parser.add_argument(
-            "-n",
-            "--count",
-            type=count_option("-n", preview.MAX_SLOTS),
-            help=f"next: how many slots (default {NEXT_SLOTS}, at most {preview.MAX_SLOTS})",
-        )
+        _pause_options(parser)
+        _run_options(parser)
+        _backfill_options(parser)
+        _next_options(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = resolve_alias(options["database"])
@@ -335,3 +283,75 @@ def _named(job: JobHealth) -> str:
     if not job.declared:
         return f"{job.name} (not declared any more)"
     return f"{job.name} {job.arguments}" if job.arguments else job.name
+
+
+def _pause_options(parser: CommandParser) -> None:
+    """Who asks and why (in the audit), and when a pause ends by itself."""
+    parser.add_argument(
+        "--by",
+        type=reason_option("--by", limit=BY_LENGTH),
+        help="who asks (default: user@host of this shell)",
+    )
+    parser.add_argument(
+        "--reason",
+        type=reason_option("--reason"),
+        default="",
+        help="pause, resume: why (in the audit)",
+    )
+    parser.add_argument(
+        "--until",
+        type=moment_option("--until"),
+        help="pause: when the pause ends by itself (database time), ISO 8601; without a "
+        "zone, in the job's cron time zone, else TIME_ZONE",
+    )
+
+
+def _run_options(parser: CommandParser) -> None:
+    """run: the run's arguments."""
+    parser.add_argument(
+        "--kwargs",
+        type=kwargs_option("--kwargs"),
+        help='run: the arguments, a JSON object such as \'{"day": "2026-11-24"}\'; they '
+        "update the job's declared kwargs (the given ones win)",
+    )
+
+
+def _backfill_options(parser: CommandParser) -> None:
+    """backfill: the range of slots, and how it goes."""
+    parser.add_argument(
+        "--from",
+        dest="start",
+        type=moment_option("--from"),
+        help="backfill: the oldest slot, ISO 8601; without a zone, in the job's cron time "
+        "zone, else TIME_ZONE",
+    )
+    parser.add_argument(
+        "--to",
+        dest="end",
+        type=moment_option("--to"),
+        help="backfill: the newest slot, as --from (default: now)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="backfill: list the slots; run nothing"
+    )
+    parser.add_argument(
+        "--wait",
+        type=duration_option("--wait"),
+        help="backfill: how long to wait for the job's lock while another run of it "
+        "goes on, before stopping (default: the job's ttl)",
+    )
+    parser.add_argument(
+        "--yes",
+        action="store_true",
+        help="backfill: go on although the job's function takes no slot argument",
+    )
+
+
+def _next_options(parser: CommandParser) -> None:
+    """next: how many of the job's next slots."""
+    parser.add_argument(
+        "-n",
+        "--count",
+        type=count_option("-n", preview.MAX_SLOTS),
+        help=f"next: how many slots (default {NEXT_SLOTS}, at most {preview.MAX_SLOTS})",
+    )

@@ -54,87 +54,10 @@ class Command(JobCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="the job (and lock) name")
-        parser.add_argument(
-            "--ttl",
-            type=duration_option("ttl", positive=True),
-            help="lease length, e.g. 90, 90s, 15m, 1h",
-        )
-        parser.add_argument(
-            "--min-hold",
-            type=duration_option("min_hold"),
-            help="keep the lock at least this long after start",
-        )
-        parser.add_argument(
-            "--wait",
-            type=duration_option("wait"),
-            help="wait up to this long for the lock instead of skipping",
-        )
-        parser.add_argument("--database", help="database alias for the lock table")
-        parser.add_argument(
-            "--keepalive",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="renew the lease while the job runs (default: the job's keepalive=, "
-            "else EXCLUSIVE_JOBS['KEEPALIVE'])",
-        )
-        parser.add_argument(
-            "--skipped-exit-code",
-            type=int,
-            default=0,
-            help="exit code when another server holds the lock (default 0)",
-        )
-        parser.add_argument(
-            "--timeout",
-            type=duration_option("timeout", positive=True),
-            help="stop the run if it lasts longer than this (default: the job's timeout=, "
-            "else EXCLUSIVE_JOBS['TIMEOUT'], else no limit)",
-        )
-        parser.add_argument(
-            "--grace",
-            type=duration_option("grace"),
-            default="10s",
-            help="how long a job stopped at its timeout, or a child program sent SIGTERM, "
-            "may take to end before it is killed (default 10s)",
-        )
-        parser.add_argument(
-            "--every",
-            type=duration_option("every", least=dt.timedelta(seconds=1)),
-            help="the job's schedule: run once per slot of this length",
-        )
-        parser.add_argument(
-            "--cron", help="the job's schedule as a cron expression, e.g. '0 * * * *'"
-        )
-        parser.add_argument("--timezone", help="time zone of --cron (default: TIME_ZONE)")
-        parser.add_argument(
-            "--slot-tolerance",
-            type=duration_option("slot tolerance"),
-            help="how early a start may be and still serve the coming slot (default 30s)",
-        )
-        parser.add_argument(
-            "--jitter",
-            type=duration_option("jitter"),
-            help="start each slot up to this long after it, the same on every server "
-            "(default: the job's jitter=; 0 starts at once)",
-        )
-        parser.add_argument(
-            "--retries",
-            type=int,
-            help="run a slot whose run did not succeed again, at most this many times, "
-            "waiting --retry-backoff first (default: the job's retries=)",
-        )
-        parser.add_argument(
-            "--retry-backoff",
-            type=duration_option("retry_backoff"),
-            help="wait before a retry, doubled for each next one (default: the job's, else 30s)",
-        )
-        parser.add_argument(
-            "--overlap",
-            choices=OVERLAPS,
-            help="what becomes of slots that come while a run still runs: skip them "
-            "(default), run the latest (buffer_one) or each (buffer_all) right after it, "
-            "stop the run for the newer slot (cancel_other), or run each slot at its time "
-            "beside any still running (allow_all)",
-        )
+        _lock_options(parser)
+        _stop_options(parser)
+        _schedule_options(parser)
+        _slot_options(parser)
         parser.add_argument("--list", action="store_true", help="list registered jobs")
 
     def run_from_argv(self, argv: list[str]) -> None:
@@ -329,3 +252,99 @@ def _unknown(name: str) -> str:
 
 def _noop() -> None:
     return None
+
+
+def _lock_options(parser: CommandParser) -> None:
+    """How the lock is taken and held: its lease, waiting for it, its database, the exit
+    code when another server holds it."""
+    parser.add_argument(
+        "--ttl",
+        type=duration_option("ttl", positive=True),
+        help="lease length, e.g. 90, 90s, 15m, 1h",
+    )
+    parser.add_argument(
+        "--min-hold",
+        type=duration_option("min_hold"),
+        help="keep the lock at least this long after start",
+    )
+    parser.add_argument(
+        "--wait",
+        type=duration_option("wait"),
+        help="wait up to this long for the lock instead of skipping",
+    )
+    parser.add_argument("--database", help="database alias for the lock table")
+    parser.add_argument(
+        "--keepalive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="renew the lease while the job runs (default: the job's keepalive=, "
+        "else EXCLUSIVE_JOBS['KEEPALIVE'])",
+    )
+    parser.add_argument(
+        "--skipped-exit-code",
+        type=int,
+        default=0,
+        help="exit code when another server holds the lock (default 0)",
+    )
+
+
+def _stop_options(parser: CommandParser) -> None:
+    """When a run is stopped, and how long it may take to end."""
+    parser.add_argument(
+        "--timeout",
+        type=duration_option("timeout", positive=True),
+        help="stop the run if it lasts longer than this (default: the job's timeout=, "
+        "else EXCLUSIVE_JOBS['TIMEOUT'], else no limit)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=duration_option("grace"),
+        default="10s",
+        help="how long a job stopped at its timeout, or a child program sent SIGTERM, "
+        "may take to end before it is killed (default 10s)",
+    )
+
+
+def _schedule_options(parser: CommandParser) -> None:
+    """The job's schedule: its slots, when a start serves one, when each starts."""
+    parser.add_argument(
+        "--every",
+        type=duration_option("every", least=dt.timedelta(seconds=1)),
+        help="the job's schedule: run once per slot of this length",
+    )
+    parser.add_argument("--cron", help="the job's schedule as a cron expression, e.g. '0 * * * *'")
+    parser.add_argument("--timezone", help="time zone of --cron (default: TIME_ZONE)")
+    parser.add_argument(
+        "--slot-tolerance",
+        type=duration_option("slot tolerance"),
+        help="how early a start may be and still serve the coming slot (default 30s)",
+    )
+    parser.add_argument(
+        "--jitter",
+        type=duration_option("jitter"),
+        help="start each slot up to this long after it, the same on every server "
+        "(default: the job's jitter=; 0 starts at once)",
+    )
+
+
+def _slot_options(parser: CommandParser) -> None:
+    """What becomes of a slot whose run did not succeed, or that comes during a run."""
+    parser.add_argument(
+        "--retries",
+        type=int,
+        help="run a slot whose run did not succeed again, at most this many times, "
+        "waiting --retry-backoff first (default: the job's retries=)",
+    )
+    parser.add_argument(
+        "--retry-backoff",
+        type=duration_option("retry_backoff"),
+        help="wait before a retry, doubled for each next one (default: the job's, else 30s)",
+    )
+    parser.add_argument(
+        "--overlap",
+        choices=OVERLAPS,
+        help="what becomes of slots that come while a run still runs: skip them "
+        "(default), run the latest (buffer_one) or each (buffer_all) right after it, "
+        "stop the run for the newer slot (cancel_other), or run each slot at its time "
+        "beside any still running (allow_all)",
+    )
