@@ -226,9 +226,15 @@ def run_slots(
                 done.not_run = done.not_run or backfill.slots[index + 1 :]
                 done.stopped = f"backfill of {job.name} stopped by signal {done.signum}"
                 break
+    return _ended(done, received, say)
+
+
+def _ended(done: Done, received: list[int], say: Callable[..., None]) -> Done:
+    """How the backfill ended, said: stopped (by a signal, or a lock held too long:
+    where to take it up again), and what ran."""
     if received and done.signum is None:
         done.signum = received[0]
-        done.stopped = f"backfill of {job.name} stopped by signal {done.signum}"
+        done.stopped = f"backfill of {done.backfill.job.name} stopped by signal {done.signum}"
     if done.stopped:
         rerun = f"; run it again with --from {done.not_run[0].isoformat()}" if done.not_run else ""
         say(done.stopped + rerun, False, status="stopped")
