@@ -40,6 +40,9 @@ ZONE_LENGTH = 64
 # A run's arguments: stored on every run's row.
 JSON_SIZE = 64 * 1024
 JSON_DEPTH = 20
+# A float this large or larger is written with an exponent, and PostgreSQL's jsonb gives
+# it back as a whole number (4.8e16 comes back as the int 48107761178771460).
+JSON_FLOAT_LIMIT = 1e16
 # A line of text output: what it shows of one value given by a person or a job.
 SHOWN_LENGTH = 1000
 
@@ -246,7 +249,27 @@ def json_arguments(value: object, *, what: str = "The arguments") -> dict[str, A
             f"{what} {_shown(value)} are not JSON: the run history stores them, so use only "
             "str, int, float, bool, None, lists and dicts with str keys."
         )
+    if any(abs(number) >= JSON_FLOAT_LIMIT for number in _floats(value)):
+        raise LockConfigurationError(
+            f"{what} hold a decimal number of 1e16 or more, which a database gives back as "
+            "another number: give it as an integer or as a string."
+        )
     return value
+
+
+def _floats(value: object) -> list[float]:
+    """Every float in ``value`` (without recursion)."""
+    found: list[float] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 def _depth(value: object, level: int = 1) -> int:

@@ -184,6 +184,19 @@ def test_arguments_are_at_most_20_levels_and_64_kib() -> None:
     )
 
 
+def test_arguments_hold_no_decimal_number_a_database_gives_back_changed() -> None:
+    """PostgreSQL's jsonb gives 4.810776117877146e+16 back as the int 48107761178771460
+    (found by tests/test_fuzz_doors.py): refused at the door, on every database."""
+    said = (
+        "The arguments hold a decimal number of 1e16 or more, which a database gives back "
+        "as another number: give it as an integer or as a string."
+    )
+    for given in ('{"limit": 4.810776117877146e+16}', {"a": [{"b": -1e16}]}, {"a": 1e300}):
+        assert refused(values.json_arguments, given) == said
+    kept = {"a": 9.999999999999998e15, "b": 1e-05, "c": 10**20, "d": 123456789012345.67}
+    assert values.json_arguments(kept) == kept
+
+
 def test_arguments_must_be_a_json_object_without_nul() -> None:
     assert values.json_arguments("") == {}
     assert values.json_arguments('{"day": "2026-11-24"}') == {"day": "2026-11-24"}
