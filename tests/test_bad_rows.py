@@ -32,6 +32,7 @@ from django_exclusive_jobs.run.registry import Job, get_job
 from django_exclusive_jobs.run.scheduler import Scheduler
 from django_exclusive_jobs.run.schedules import Every
 
+from .process_output import Output
 from .test_command import manage, marker, wait_for
 from .test_operate import exclusive_jobs
 from .test_scheduler import scheduler_env, schedulers, start_scheduler, stop
@@ -73,7 +74,7 @@ def write_override(alias: str, schedule: object) -> None:
 def serving(server: subprocess.Popen[str], reached: Any, timeout: float = 90) -> None:
     """Wait until ``reached()``; the scheduler must not die meanwhile (it did, before)."""
     wait_for(lambda: server.poll() is not None or reached(), timeout=timeout)
-    assert server.poll() is None, server.communicate()
+    assert server.poll() is None, f"the scheduler died (exit {server.returncode})"
 
 
 def runs_of(alias: str, name: str) -> int:
@@ -123,48 +124,104 @@ def misconfigured_sample(scrape: str) -> str:
 # --- a schedule in an override that cannot be used --------------------------------------------
 
 
+def started_in_process(alias: str, said: list[str], *names: str) -> Scheduler:
+    """The real scheduler's start-up in this process (it reads the rows and plans each
+    job's first slot, as a ``exclusive_scheduler`` does), stopped at once: a test then
+    drives its polls itself (``poll``), in milliseconds."""
+    scheduler = Scheduler(
+        [declared(name, alias) for name in names],
+        using=alias,
+        run_for=0,
+        report=lambda line, normal: said.append(str(line)),
+    )
+    assert scheduler.run() == 0
+    return scheduler
+
+
+def poll(scheduler: Scheduler) -> None:
+    """One of the scheduler's polls for its jobs' rows (every REQUEST_POLL seconds)."""
+    scheduler._read_overrides()
+
+
+def misconfigured_lines(said: list[str]) -> list[str]:
+    return [line for line in said if line.startswith(f"misconfigured {BAD}:")]
+
+
 @pytest.mark.parametrize("schedule", list(BAD_OVERRIDES.values()), ids=list(BAD_OVERRIDES))
 def test_a_bad_override_is_its_jobs_problem_and_back_to_the_code_serves_it_again(
-    alias: str, marker: Path, schedulers: list[Any], operator: Client, schedule: object
+    alias: str, operator: Client, schedule: object
 ) -> None:
-    """A scheduler started with the row (it crashed at start-up before) serves the other
-    job on time, says once that the job is misconfigured, and serves it again once
-    Back to the code (the admin's) has put it right; meanwhile every page shows it."""
+    """A scheduler started with the row (it crashed at start-up before) plans the other
+    job, says once that the job is misconfigured (its later polls say nothing more), and
+    plans it again once Back to the code (the admin's) has put it right; meanwhile every
+    page shows it. (A real scheduler process serving beside such a row:
+    test_a_scheduler_serves_on_beside_bad_overrides_and_the_way_back_serves_the_job.)"""
     write_override(alias, schedule)
-    server = start_scheduler(schedulers, alias, "--jobs", GOOD, BAD, env=scheduler_env(marker))
-    # Three of its polls for overrides (REQUEST_POLL, 5 s): the healthy job runs on.
-    serving(server, lambda: runs_of(alias, GOOD) >= 8)
+    # How the row is read and judged: the job as it would run is refused.
+    state = overrides.read([BAD], using=alias)[BAD]
+    with pytest.raises(overrides.Misconfigured) as refused:
+        overrides.tried(overrides.in_force(declared(BAD, alias), state), database_now(alias))
+    said: list[str] = []
+    scheduler = started_in_process(alias, said, GOOD, BAD)
+    assert set(scheduler.misconfigured) == {BAD}, said
+    assert GOOD in scheduler.due and BAD not in scheduler.due
+    poll(scheduler)
+    poll(scheduler)
+    lines = misconfigured_lines(said)
+    assert len(lines) == 1, said
+    assert refused.value.reason in lines[0]
+    assert lines[0].endswith("its runs are not started until it is fixed")
     assert runs_of(alias, BAD) == 0
     health, scrape = pages_show_the_problem(operator, "misconfigured")
     assert health["status"] == 503
     problems = [p for p in health["problems"] if p.startswith(f"{BAD}: misconfigured: ")]
     assert len(problems) == 1, health["problems"]
     assert misconfigured_sample(scrape) == "1.0"
-    # The way back, from the admin.
+    # The way back, from the admin: the next poll reads it.
     back = operator.post(reverse(ACT, args=["back"]), {"job": BAD, "confirm": "yes"})
     assert back.status_code == 302
-    wait_for(lambda: runs_of(alias, BAD) >= 1, timeout=60)
+    poll(scheduler)
+    assert not scheduler.misconfigured and BAD in scheduler.due, said
     _, scrape = pages_show_the_problem(operator, BAD)
     assert misconfigured_sample(scrape) == "0.0"
-    out, err = stop(server)
-    lines = [line for line in err.splitlines() if line.startswith(f"misconfigured {BAD}:")]
-    assert len(lines) == 1, err
-    assert lines[0].endswith("its runs are not started until it is fixed")
-    assert "Traceback" not in err
-    assert f"{BAD}: back to its code" in out + err
-    assert f"{BAD}: fixed, served again" in out + err
+    assert len(misconfigured_lines(said)) == 1, said
+    assert any(f"{BAD}: back to its code" in line for line in said), said
+    assert any(f"{BAD}: fixed, served again" in line for line in said), said
+    assert not any("Traceback" in line for line in said), said
 
 
-def test_a_bad_override_written_under_a_running_scheduler_stops_only_its_job(
+POLL = "0.3"  # seconds between a test scheduler's polls (EXCLUSIVE_JOBS_TEST_REQUEST_POLL)
+
+
+def test_a_scheduler_serves_on_beside_bad_overrides_and_the_way_back_serves_the_job(
     alias: str, marker: Path, schedulers: list[Any], operator: Client
 ) -> None:
-    """Every scheduler serving the job died within 5 s (its poll) before."""
-    server = start_scheduler(schedulers, alias, "--jobs", GOOD, BAD, env=scheduler_env(marker))
-    wait_for(lambda: runs_of(alias, BAD) >= 1 and runs_of(alias, GOOD) >= 1, timeout=60)
+    """A real scheduler started with a bad row (it crashed at start-up before) and one
+    under which a bad row is written (every scheduler serving the job died within its
+    poll before): it lives, serves the other job, says once per bad row that the job is
+    misconfigured, and serves the job again once Back to the code has put it right."""
+    misconfigured = f"misconfigured {BAD}:"
     write_override(alias, BAD_OVERRIDES["every 999999999 days"])
+    env = scheduler_env(marker, PYTHONUNBUFFERED="1", EXCLUSIVE_JOBS_TEST_REQUEST_POLL=POLL)
+    server = start_scheduler(schedulers, alias, "--jobs", GOOD, BAD, env=env)
+    output = Output(server)
+    serving(server, lambda: output.count(misconfigured) == 1)  # its start-up
+    # Two slots of the healthy job (2 s each) after the line: many polls (0.3 s) of the
+    # same row, and the job runs on.
     before = runs_of(alias, GOOD)
-    serving(server, lambda: runs_of(alias, GOOD) >= before + 6)  # two polls and more
-    settled = runs_of(alias, BAD)
+    serving(server, lambda: runs_of(alias, GOOD) >= before + 2)
+    assert runs_of(alias, BAD) == 0
+    _, scrape = pages_show_the_problem(operator, "misconfigured")
+    assert misconfigured_sample(scrape) == "1.0"
+    back = operator.post(reverse(ACT, args=["back"]), {"job": BAD, "confirm": "yes"})
+    assert back.status_code == 302
+    serving(server, lambda: runs_of(alias, BAD) >= 1)
+    # Now written under the running scheduler (another kind of bad row).
+    write_override(alias, BAD_OVERRIDES["an unknown zone"])
+    serving(server, lambda: output.count(misconfigured) == 2)
+    settled, before = runs_of(alias, BAD), runs_of(alias, GOOD)
+    serving(server, lambda: runs_of(alias, GOOD) >= before + 2)
+    assert runs_of(alias, BAD) == settled  # not started until it is fixed
     health, _ = pages_show_the_problem(operator, "misconfigured")
     assert any(p.startswith(f"{BAD}: misconfigured: ") for p in health["problems"])
     # Resume does not put an override right, but it answers (nothing to resume).
@@ -172,10 +229,14 @@ def test_a_bad_override_written_under_a_running_scheduler_stops_only_its_job(
     assert resume.status_code == 302
     back = operator.post(reverse(ACT, args=["back"]), {"job": BAD, "confirm": "yes"})
     assert back.status_code == 302
-    wait_for(lambda: runs_of(alias, BAD) > settled, timeout=60)
-    _out, err = stop(server)
-    assert len(re.findall(rf"^misconfigured {BAD}:", err, re.MULTILINE)) == 1, err
-    assert "Traceback" not in err
+    serving(server, lambda: runs_of(alias, BAD) > settled)
+    said = output.stop()
+    lines = output.starting(misconfigured)
+    assert len(lines) == 2, said  # once per bad row, whatever the polls in between
+    assert all(line.endswith("its runs are not started until it is fixed") for line in lines)
+    assert "Traceback" not in said
+    assert output.count(f"{BAD}: back to its code") == 2, said
+    assert output.count(f"{BAD}: fixed, served again") == 2, said
 
 
 def test_run_exclusive_refuses_a_misconfigured_job_in_one_line_and_leaves_no_lock(
@@ -263,18 +324,25 @@ def _write_pause_end(alias: str, end: str) -> None:
 
 @pytest.mark.parametrize("which", [0, 1], ids=["too early", "too late"])
 def test_a_pause_end_out_of_range_is_read_as_until_resumed_and_resume_works(
-    alias: str, marker: Path, schedulers: list[Any], operator: Client, which: int
+    alias: str, marker: Path, operator: Client, which: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before: every read of the row failed (PostgreSQL: "timestamp too small"): the
     pages 500, health and metrics 503, the commands exit 3, and the scheduler said
     "database unreachable" every 5 s. Now the end is read as none (paused until
-    resumed: the pause is kept), and Resume ends it."""
+    resumed: the pause is kept), and Resume ends it: the job is served again. (A real
+    scheduler process serving beside such a row:
+    test_a_pause_end_out_of_range_under_a_running_scheduler_is_no_outage.)"""
+    monkeypatch.setenv("MARKER", str(marker))
     write_pause_end(alias, BAD_ENDS[alias][which])
     state = JobState.objects.using(alias).get(name=BAD)
     assert state.paused and state.paused_until is None and state.paused_now(database_now(alias))
-    server = start_scheduler(schedulers, alias, "--jobs", GOOD, BAD, env=scheduler_env(marker))
-    serving(server, lambda: runs_of(alias, GOOD) >= 6)
-    assert not JobRun.objects.using(alias).filter(name=BAD).exclude(status="paused").exists()
+    # The scheduler's start-up and its polls read the row: no outage, the job planned
+    # (each run decides that it is paused: the cron line below).
+    said: list[str] = []
+    scheduler = started_in_process(alias, said, GOOD, BAD)
+    poll(scheduler)
+    assert not scheduler.misconfigured and {GOOD, BAD} <= set(scheduler.due), said
+    assert not any("database unreachable" in line or "Traceback" in line for line in said)
     health, scrape = pages_show_the_problem(operator, "paused")
     assert health["status"] in (200, 503), health
     assert "database" not in " ".join(health["problems"])
@@ -286,6 +354,7 @@ def test_a_pause_end_out_of_range_is_read_as_until_resumed_and_resume_works(
         cron_line.returncode == 0
         and runs_of(alias, BAD)
         == JobRun.objects.using(alias).filter(name=BAD, status="paused").count()
+        >= 1
     ), (cron_line.stdout, cron_line.stderr)
     if which == 0:  # the command's Resume ("was not paused" before)
         resumed = exclusive_jobs(alias, "resume", BAD, "--reason", "over")
@@ -293,10 +362,11 @@ def test_a_pause_end_out_of_range_is_read_as_until_resumed_and_resume_works(
     else:  # the admin's (500 before)
         done = operator.post(reverse(ACT, args=["resume"]), {"job": BAD, "confirm": "yes"})
         assert done.status_code == 302
-        assert not JobState.objects.using(alias).get(name=BAD).paused
-    wait_for(lambda: JobRun.objects.using(alias).filter(name=BAD, status="succeeded").exists())
-    _out, err = stop(server)
-    assert "database unreachable" not in err and "Traceback" not in err
+    assert not JobState.objects.using(alias).get(name=BAD).paused
+    # Served again: the real scheduler, in this process, until its first run has ended.
+    served = Scheduler([declared(BAD, alias)], using=alias, max_runs=1, run_for=60)
+    assert served.run() == 0 and served.ended_runs == 1
+    assert JobRun.objects.using(alias).filter(name=BAD, status="succeeded").exists()
 
 
 def test_the_migration_keeps_a_pause_with_an_end_out_of_range_until_resumed(alias: str) -> None:
@@ -322,13 +392,29 @@ def test_the_migration_keeps_a_pause_with_an_end_out_of_range_until_resumed(alia
     assert rows == [(GOOD, True, False), (BAD, True, True)]
 
 
-def test_a_pause_end_out_of_range_written_under_a_running_scheduler_is_no_outage(
-    alias: str, marker: Path, schedulers: list[Any]
+def test_a_pause_end_out_of_range_under_a_running_scheduler_is_no_outage(
+    alias: str, marker: Path, schedulers: list[Any], operator: Client
 ) -> None:
-    server = start_scheduler(schedulers, alias, "--jobs", GOOD, BAD, env=scheduler_env(marker))
+    """A real scheduler under which such a pause end is written: it lives, serves the
+    other job, runs the paused one not at all (its slots are recorded paused), says no
+    outage, and serves it again once Resume (the admin's) has ended the pause."""
+    env = scheduler_env(marker, EXCLUSIVE_JOBS_TEST_REQUEST_POLL=POLL)
+    server = start_scheduler(schedulers, alias, "--jobs", GOOD, BAD, env=env)
     wait_for(lambda: runs_of(alias, BAD) >= 1 and runs_of(alias, GOOD) >= 1, timeout=60)
     write_pause_end(alias, BAD_ENDS[alias][0])
-    before = runs_of(alias, GOOD)
-    serving(server, lambda: runs_of(alias, GOOD) >= before + 6)
+    runs = JobRun.objects.using(alias).filter(name=BAD)
+    ran, succeeded = runs.exclude(status="paused"), runs.filter(status="succeeded")
+    settled, before = run_statement(alias, ran.count), runs_of(alias, GOOD)
+    # Two slots (2 s each): the scheduler has read the row at many polls (0.3 s); the
+    # paused job's slots are not run (at most recorded paused).
+    serving(server, lambda: runs_of(alias, GOOD) >= before + 2)
+    assert run_statement(alias, ran.count) == settled
+    settled = run_statement(alias, succeeded.count)
+    health, scrape = pages_show_the_problem(operator, "paused")
+    assert "database" not in " ".join(health["problems"])
+    assert re.search(rf'exclusive_jobs_paused\{{job_name="{BAD}"\}} 1\.0', scrape), scrape
+    done = operator.post(reverse(ACT, args=["resume"]), {"job": BAD, "confirm": "yes"})
+    assert done.status_code == 302
+    serving(server, lambda: run_statement(alias, succeeded.count) > settled)
     _out, err = stop(server)
     assert "database unreachable" not in err and "Traceback" not in err, err

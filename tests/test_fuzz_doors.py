@@ -38,7 +38,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import traceback
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -67,6 +66,7 @@ from django_exclusive_jobs.run.registry import get_job
 from . import fuzz_strategies as fs
 from .conftest import clean_tables
 from .fuzz_strategies import EITHER, INVALID, VALID, Verdict
+from .process_output import Output
 from .test_command import ROOT, command_env, wait_for
 from .test_scheduler import scheduler_env, schedulers, start_scheduler
 
@@ -1177,38 +1177,23 @@ def test_admin_resume_and_back_to_the_code(alias: str, operator: Client) -> None
 # --- a scheduler beside the doors ----------------------------------------------------------
 
 
-class Output:
-    """A running process's output lines, read as they come (two threads)."""
-
-    def __init__(self, process: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
-        self.threads = [
-            threading.Thread(target=self._read, args=(stream,), daemon=True)
-            for stream in (process.stdout, process.stderr)
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            self.lines.append(line.rstrip("\n"))
-
-    def count(self, text: str) -> int:
-        return sum(text in line for line in list(self.lines))
-
-    def tail(self) -> str:
-        return "\n".join(self.lines[-40:])
-
-
 def test_a_scheduler_beside_the_doors_keeps_serving_its_other_jobs(
     alias: str, operator: Client, schedulers: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    """A real scheduler serves tick (every 2 s) and digest; digest is fuzzed through the
+    """A real scheduler serves tick (every second) and digest; digest is fuzzed through the
     admin's Override… and Pause… (confirm=yes). Whatever the forms accept, the scheduler
     lives and tick keeps getting runs, during and after."""
     clean_tables(alias)
-    # Unbuffered: the test reads its lines ("digest: overridden ...") as they come.
-    env = scheduler_env(tmp_path / "marker", PYTHONUNBUFFERED="1")
+    # Unbuffered: the test reads its lines ("digest: overridden ...") as they come. It
+    # reads the rows every 0.3 s (not every 5 s), and tick comes every second: the test
+    # waits for what each example must show (the override read, read back, a tick run),
+    # not for the wall clock.
+    env = scheduler_env(
+        tmp_path / "marker",
+        PYTHONUNBUFFERED="1",
+        TICK_EVERY="1s",
+        EXCLUSIVE_JOBS_TEST_REQUEST_POLL="0.3",
+    )
     server = start_scheduler(schedulers, alias, "--jobs", "tick", "digest", env=env)
     output = Output(server)
     ticks = JobRun.objects.using(alias).filter(name="tick")

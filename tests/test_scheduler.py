@@ -20,9 +20,11 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
+from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.models import JobLock, JobRun, Scheduler
 
 from .helpers import reaped
+from .process_output import Output
 from .test_bad_input import complaint
 from .test_command import ROOT, command_env, launch, marker, wait_for
 from .test_faults import TcpProxy, proxied_env, proxy, server_alias
@@ -217,11 +219,15 @@ def test_all_schedulers_down_for_five_slots_then_each_policy_decides(
     alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
 ) -> None:
     jobs = ("tick", "tick_all", "tick_skip")
-    env = scheduler_env(marker)
+    step = dt.timedelta(seconds=1)  # a slot every second: the gap's five slots in 5 s
+    env = scheduler_env(marker, TICK_EVERY="1s")
     first = start_scheduler(schedulers, alias, "--jobs", *jobs, env=env)
     wait_for(lambda: all(succeeded(alias, name) >= 2 for name in jobs), timeout=60)
     stop(first)
-    time.sleep(5 * 2 + 1)  # five slots and more with no scheduler up
+    # Five slots and more with no scheduler up: the database's clock past the fifth slot
+    # after the latest one served.
+    served = max(run.slot for name in jobs for run in history(alias, name) if run.slot)
+    wait_for(lambda: database_now(alias) > served + 6 * step, timeout=60)
     back = dt.datetime.now(dt.UTC)  # the database is on this machine: the same clock
     again = start_scheduler(schedulers, alias, "--jobs", *jobs, env=env)
     wait_for(lambda: all(succeeded(alias, name) >= 7 for name in jobs), timeout=60)
@@ -229,7 +235,7 @@ def test_all_schedulers_down_for_five_slots_then_each_policy_decides(
 
     for name in jobs:
         rows = history(alias, name)
-        assert_every_slot_once(rows)  # the history shows every slot: run or missed
+        assert_every_slot_once(rows, step)  # the history shows every slot: run or missed
         ran = executions(marker, name)
         assert set(ran.values()) == {1}
         assert set(ran) == {run.slot for run in rows if run.status == "succeeded"}
@@ -247,7 +253,7 @@ def test_all_schedulers_down_for_five_slots_then_each_policy_decides(
     gap = [run.status for run in tick].index("missed")
     after_gap = next(run for run in tick[gap:] if run.status == "succeeded")
     assert after_gap.started_at is not None and after_gap.slot is not None
-    current_at_restart = back - dt.timedelta(seconds=back.timestamp() % 2)  # every 2 s
+    current_at_restart = back - dt.timedelta(seconds=back.timestamp() % step.total_seconds())
     assert after_gap.slot >= current_at_restart - dt.timedelta(milliseconds=1), (
         after_gap.slot,
         back,
@@ -336,15 +342,21 @@ def test_database_outage_is_one_line_each_way_and_no_slot_runs_twice(
 ) -> None:
     alias = server_alias
     env = proxied_env(alias, proxy.port, MARKER=str(marker), TICK_EVERY="2s")
+    env["PYTHONUNBUFFERED"] = "1"  # its lines read as they come
     process = start_scheduler(schedulers, alias, "--jobs", "tick", env=env)
+    output = Output(process)
     wait_for(lambda: succeeded(alias, "tick") >= 3, timeout=60)
     proxy.cut("refuse")
-    time.sleep(7)  # three slots and more with the database gone
-    assert process.poll() is None  # still running
+    # Three slots and more with the database gone: from the scheduler's noticing it, the
+    # database's clock (the test reaches it directly) past three slot starts.
+    wait_for(lambda: output.count("database unreachable") == 1, timeout=30)
+    noticed = database_now(alias)
+    wait_for(lambda: database_now(alias) > noticed + 3 * TWO_SECONDS, timeout=30)
+    assert process.poll() is None, output.tail()  # still running
     before = succeeded(alias, "tick")
     proxy.restore()
     wait_for(lambda: succeeded(alias, "tick") >= before + 3, timeout=60)
-    _, err = stop(process)
+    err = output.stop()
 
     assert err.count("database unreachable") == 1, err
     assert err.count("database reachable again") == 1, err

@@ -348,3 +348,15 @@ if os.environ.get("OBSERVED"):
 def fenced(slot: object, token: int) -> None:
     """Marks the fencing token it was given, for a write that must refuse a stale holder."""
     mark(f"fenced {token}")
+
+
+# --- a test-only knob: how often a scheduler of the tests polls ------------------------------
+
+# EXCLUSIVE_JOBS_TEST_REQUEST_POLL (seconds): a scheduler started by a test looks for
+# runs asked for now and reads the operators' rows that often, instead of every
+# REQUEST_POLL (5 s), so a test waits for a poll's effect, not for the wall clock.
+if os.environ.get("EXCLUSIVE_JOBS_TEST_REQUEST_POLL"):
+    from django_exclusive_jobs.run import scheduler as _scheduler
+
+    assert hasattr(_scheduler, "REQUEST_POLL"), "the scheduler's poll has moved: follow it here"
+    _scheduler.REQUEST_POLL = float(os.environ["EXCLUSIVE_JOBS_TEST_REQUEST_POLL"])
