@@ -447,6 +447,7 @@ def test_exclusive_jobs_run_with_kwargs(alias: str) -> None:
     @example(fs.HOSTILE_JSON[3], alias)
     @example('{"limit": "\\u0000"}', alias)
     @example('{"limit": 1e999}', alias)
+    @example('{"limit": 4.810776117877146e+16}', alias)  # PostgreSQL gave it back an int
     @example('{"limit": "\U0001f680 launch"}', alias)  # an emoji: stored everywhere
     def examples(given: str, database: str) -> None:
         clean_tables(alias)
