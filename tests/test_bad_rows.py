@@ -163,7 +163,7 @@ def test_a_bad_override_is_its_jobs_problem_and_back_to_the_code_serves_it_again
         overrides.tried(overrides.in_force(declared(BAD, alias), state), database_now(alias))
     said: list[str] = []
     scheduler = started_in_process(alias, said, GOOD, BAD)
-    assert set(scheduler.misconfigured) == {BAD}, said
+    assert set(scheduler.served.misconfigured) == {BAD}, said
     assert GOOD in scheduler.due and BAD not in scheduler.due
     poll(scheduler)
     poll(scheduler)
@@ -181,7 +181,7 @@ def test_a_bad_override_is_its_jobs_problem_and_back_to_the_code_serves_it_again
     back = operator.post(reverse(ACT, args=["back"]), {"job": BAD, "confirm": "yes"})
     assert back.status_code == 302
     poll(scheduler)
-    assert not scheduler.misconfigured and BAD in scheduler.due, said
+    assert not scheduler.served.misconfigured and BAD in scheduler.due, said
     _, scrape = pages_show_the_problem(operator, BAD)
     assert misconfigured_sample(scrape) == "0.0"
     assert len(misconfigured_lines(said)) == 1, said
@@ -341,7 +341,7 @@ def test_a_pause_end_out_of_range_is_read_as_until_resumed_and_resume_works(
     said: list[str] = []
     scheduler = started_in_process(alias, said, GOOD, BAD)
     poll(scheduler)
-    assert not scheduler.misconfigured and {GOOD, BAD} <= set(scheduler.due), said
+    assert not scheduler.served.misconfigured and {GOOD, BAD} <= set(scheduler.due), said
     assert not any("database unreachable" in line or "Traceback" in line for line in said)
     health, scrape = pages_show_the_problem(operator, "paused")
     assert health["status"] in (200, 503), health
