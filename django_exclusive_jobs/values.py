@@ -257,21 +257,6 @@ def json_arguments(value: object, *, what: str = "The arguments") -> dict[str, A
     return value
 
 
-def _floats(value: object) -> list[float]:
-    """Every float in ``value`` (without recursion)."""
-    found: list[float] = []
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, float):
-            found.append(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return found
-
-
 def _depth(value: object, level: int = 1) -> int:
     """How deeply ``value`` nests, counted without recursion (stops past the limit)."""
     deepest = 0
@@ -302,17 +287,28 @@ def _depth_of_text(text: str) -> int:
 
 def _strings(value: object) -> list[str]:
     """Every string in ``value``, keys included (without recursion)."""
-    found: list[str] = []
+    return [item for item in _leaves(value) if isinstance(item, str)]
+
+
+def _floats(value: object) -> list[float]:
+    """Every float in ``value`` (without recursion)."""
+    return [item for item in _leaves(value) if isinstance(item, float)]
+
+
+def _leaves(value: object) -> list[object]:
+    """Everything in ``value`` that is not a dict or a list, keys included (without
+    recursion)."""
+    found: list[object] = []
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, str):
-            found.append(item)
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
+        else:
+            found.append(item)
     return found
 
 
