@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_exclusive_jobs")
 
 
-def _runs(alias: str) -> JobRunQuerySet:
+def runs_on(alias: str) -> JobRunQuerySet:
+    """The run history on ``alias``."""
     from ..models import JobRun  # on first use: a jobs module may be imported before models
 
     return JobRun.objects.using(alias)
@@ -111,7 +112,7 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
     from ..models import JobLock  # models: not before apps are ready
 
     running = run_statement(
-        lock.using, lambda: _runs(lock.using).other_slots_running(name, current)
+        lock.using, lambda: runs_on(lock.using).other_slots_running(name, current)
     )
     if not running:
         return
@@ -124,7 +125,7 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
     reason = "Its slot's lock lease ran out while it ran: its server crashed, or lost the lock."
     run_statement(
         lock.using,
-        lambda: _runs(lock.using).mark_lost(lost, error=reason),
+        lambda: runs_on(lock.using).mark_lost(lost, error=reason),
     )
     logger.warning(
         "%s: %s run(s) of other slots lost their slot's lock: marked lost",
@@ -136,7 +137,7 @@ def _close_stale_slots(lock: Lock, name: str, current: dt.datetime | None) -> No
 
 def _retry_lost(lock: Lock, name: str, retry: Retries, noticed: dt.datetime, reason: str) -> None:
     """Give the runs just marked lost their ``retry_at`` (rare: a crash was noticed)."""
-    runs = _runs(lock.using).lost_by(name, lock.token, reason)
+    runs = runs_on(lock.using).lost_by(name, lock.token, reason)
     lost = run_statement(lock.using, runs.slots_attempts)
     for pk, slot, attempt in lost:
         retry_at = retry.retry_at(slot, attempt, noticed)

@@ -28,24 +28,18 @@ from ..lock.retry import run_statement
 from ..logs import extra
 from . import catchup, run_requests
 from . import claim as decision
-from .end_rows import abandoned_by_its_holder, abandoned_runs, close_abandoned, is_ours
+from .end_rows import abandoned_by_its_holder, abandoned_runs, close_abandoned, is_ours, runs_on
 from .retries import Retries
 from .schedules import Schedule
 from .status import RunStatus
 from .tracebacks import error_type as error_type
 
 if TYPE_CHECKING:
-    from ..models import JobRun, JobRunQuerySet, JobState, RunRequest
+    from ..models import JobRun, JobState, RunRequest
     from .registry import Job
     from .start import Start
 
 logger = logging.getLogger("django_exclusive_jobs")
-
-
-def _runs(alias: str) -> JobRunQuerySet:
-    from ..models import JobRun  # on first use: a jobs module may be imported before models
-
-    return JobRun.objects.using(alias)
 
 
 @dataclass
@@ -295,7 +289,7 @@ def _in_turn(lock: Lock, name: str) -> Iterator[JobRun | None]:
 
     def look() -> JobRun | None:
         JobLock.objects.using(lock.using).lock_row(name)
-        return _runs(lock.using).lock_newest_attempt(name)
+        return runs_on(lock.using).lock_newest_attempt(name)
 
     with _under_lease(lock):
         yield run_statement(lock.using, look)
@@ -348,7 +342,7 @@ def _backfill(
     """A backfill of ``slot``: the slot's rows read, then what :func:`.claim.backfill`
     decides (its next attempt, or the run that succeeded). Under the lock, so no other
     run of the job writes the slot's rows meanwhile."""
-    rows = _runs(lock.using).attempts_of(name, slot)
+    rows = runs_on(lock.using).attempts_of(name, slot)
     found = run_statement(lock.using, lambda: list(rows))
     return _apply(lock, name, decision.backfill(slot, requested_by, found), kwargs)
 
@@ -358,7 +352,7 @@ def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:
     slot wins), and that attempt becomes the slot's last."""
     given_up = run_statement(
         lock.using,
-        lambda: _runs(lock.using).give_up_retry(latest.pk),
+        lambda: runs_on(lock.using).give_up_retry(latest.pk),
     )
     if given_up:
         logger.warning(
@@ -384,7 +378,7 @@ def _insert(
 ) -> JobRun:
     from ..models import JobRun, statements  # models: not before apps are ready
 
-    runs = _runs(lock.using)
+    runs = runs_on(lock.using)
     values = {"requested_by": requested_by, "backfill": backfill, "kwargs": kwargs, **_ours(lock)}
 
     def create() -> JobRun:
@@ -435,4 +429,4 @@ def _record_slots(
         )
         for slot in slots
     ]
-    run_statement(lock.using, lambda: _runs(lock.using).bulk_create(rows, ignore_conflicts=True))
+    run_statement(lock.using, lambda: runs_on(lock.using).bulk_create(rows, ignore_conflicts=True))

@@ -12,28 +12,23 @@ from django.db import transaction
 from ..lock.clock import database_now
 from ..lock.retry import run_statement
 from ..lock.validation import check_outside_transaction
+from .end_rows import runs_on
 from .registry import all_jobs
 from .slot_locks import prune
 
 if TYPE_CHECKING:
-    from ..models import JobRunQuerySet
+    pass
 
 logger = logging.getLogger("django_exclusive_jobs")
 
 PRUNE_BATCH = 1000
 
 
-def _runs(alias: str) -> JobRunQuerySet:
-    from ..models import JobRun  # on first use: a jobs module may be imported before models
-
-    return JobRun.objects.using(alias)
-
-
 def prune_runs(older_than: dt.timedelta, *, using: str, dry_run: bool = False) -> int:
     """Delete prunable runs (see ``JobRunQuerySet.prunable``); return how many. The free
     locks of slots taken before then (``overlap="allow_all"``) go too."""
     check_outside_transaction(using)
-    runs = _runs(using)
+    runs = runs_on(using)
     if dry_run:
         return run_statement(using, lambda: runs.prunable(older_than).count())
     ids = run_statement(using, lambda: list(runs.prunable(older_than).values_list("id", flat=True)))
@@ -54,7 +49,7 @@ def delete_runs(ids: list[int], *, using: str) -> int:
     and the rows kept, so they never go down when history is pruned."""
     from ..models import RunTotal  # models: not before apps are ready
 
-    runs = _runs(using)
+    runs = runs_on(using)
 
     def delete() -> int:
         with transaction.atomic(using=using):
