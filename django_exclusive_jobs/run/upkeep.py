@@ -189,10 +189,10 @@ class Upkeep:
         self.handoffs.forget(name)
         self.served.misconfigure(name, reason)
 
-    def _next(self, job: Job, request: RunRequest | None, when: dt.datetime | None) -> None:
+    def _next(self, job: Job, request: RunRequest | None, at: dt.datetime | None) -> None:
         """Set when ``job`` is due next (a run asked for now leaves it as it was)."""
-        if request is None and when is not None and job.name in self.due:
-            self.due[job.name] = when
+        if request is None and at is not None and job.name in self.due:
+            self.due[job.name] = at
 
     def _following(self, job: Job, moment: dt.datetime) -> dt.datetime | None:
         """When the next slot after ``moment`` starts (``when.following``); None without
