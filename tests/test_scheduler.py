@@ -104,12 +104,12 @@ def test_three_schedulers_run_each_slot_once_with_clocks_an_hour_off(
     shifts = (None, "+1h", "-1h") if connections[alias].vendor != "sqlite" else (None,) * 3
     for shift in shifts:
         start_scheduler(schedulers, alias, "--jobs", "tick", env=scheduler_env(marker, shift=shift))
-    wait_for(lambda: succeeded(alias, "tick") >= 22, timeout=120)
+    wait_for(lambda: succeeded(alias, "tick") >= 12, timeout=120)
     for process in schedulers:
         stop(process, timeout=40)
 
     rows = history(alias, "tick")
-    assert len(rows) >= 22
+    assert len(rows) >= 12
     assert_every_slot_once(rows)
     assert {run.status for run in rows} == {"succeeded"}  # none missed, none failed
     ran = executions(marker, "tick")
