@@ -19,6 +19,7 @@ from ..lock.validation import validate_timeout, validate_timing, validate_wait
 from . import slot_locks
 from .arguments import check_kwargs
 from .catchup import CatchUp, make_catch_up, make_overlap
+from .jitter import make_jitter
 from .policies import SKIP, Overlap, find_overlap
 from .registry import Job
 from .retries import make_retries
@@ -148,6 +149,59 @@ def check_in_process(
             f"stop, so {stopper} could not stop it: leave in_process out (a child process) "
             f"or drop {stopper}."
         )
+
+
+def declare(
+    name: str | None,
+    *,
+    ttl: DurationLike | None,
+    min_hold: DurationLike | None,
+    wait: DurationLike | None,
+    using: str | None,
+    on_held: str,
+    keepalive: bool | None,
+    every: DurationLike | None,
+    cron: str | None,
+    timezone: str | None,
+    slot_tolerance: DurationLike | None,
+    retries: int,
+    retry_backoff: DurationLike | None,
+    catch_up: str,
+    catch_up_limit: int,
+    catch_up_window: DurationLike | None,
+    timeout: DurationLike | None,
+    overlap: str,
+    jitter: DurationLike | None,
+    kwargs: dict[str, Any] | None,
+    schedules: dict[str, dict[str, Any]] | None,
+    pause_after: int | None,
+    in_process: bool,
+) -> Declaration:
+    """``@exclusive_job``'s arguments, each checked at its door (LockConfigurationError)."""
+    time_limit = check_lock_options(on_held, ttl, min_hold, wait, timeout)
+    declared = declared_schedules(schedules, every, cron, timezone, kwargs, slot_tolerance)
+    retries, backoff, policy, overlapping = scheduled_policies(
+        declared, retries, retry_backoff, catch_up, catch_up_limit, catch_up_window, overlap
+    )
+    spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
+    check_pause_after(pause_after)
+    check_in_process(in_process, time_limit, overlapping)
+    shared = {
+        "ttl": ttl,
+        "min_hold": min_hold,
+        "wait": wait,
+        "using": using,
+        "on_held": on_held,
+        "keepalive": keepalive,
+        "catch_up": policy,
+        "timeout": time_limit,
+        "overlap": overlapping,
+        "retries": retries,
+        "retry_backoff": backoff,
+        "pause_after": pause_after,
+        "in_process": in_process,
+    }
+    return Declaration(name, declared, spread, kwargs is not None, schedules is not None, shared)
 
 
 def make_jobs(declaration: Declaration, func: Callable[..., Any], task: Any = None) -> list[Job]:

@@ -10,17 +10,7 @@ from typing import Any, TypeVar, overload
 from ..lock.durations import DurationLike
 from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.lock import Lock
-from .declaration import (
-    Declaration,
-    check_in_process,
-    check_lock_options,
-    check_pause_after,
-    declared_schedules,
-    make_jobs,
-    refuse_removed,
-    scheduled_policies,
-)
-from .jitter import make_jitter
+from .declaration import Declaration, declare, make_jobs, refuse_removed
 from .registry import Job, register
 from .runner import Run, RunResult
 from .start import Start
@@ -92,84 +82,32 @@ def exclusive_job(
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
 
-    When another server holds the lock the function does not run: the call logs one
-    INFO line and returns None, or raises :class:`LockHeld` with ``on_held="raise"``.
-    The job is registered, so ``manage.py run_exclusive NAME`` can run it. ``async def``
-    functions work too.
+    When another server holds the lock the function does not run: the call logs one INFO
+    line and returns None (``on_held="raise"``: :class:`LockHeld`). The job is registered
+    for ``manage.py run_exclusive NAME`` and the scheduler; ``async def`` works too.
 
-    With ``every="1h"`` or ``cron="0 * * * *"`` (and ``timezone=``, default
-    ``settings.TIME_ZONE``) each scheduled slot runs once: a server that starts a little
-    late finds the slot taken and skips, even after the first run released the lock.
-    ``retries=N`` runs a slot whose run failed, timed out, was interrupted or lost its
-    lock (a crashed server's run is marked lost once another server takes the lock over)
-    again, at most N times, each attempt ``retry_backoff`` (default 30s, doubling per
-    attempt, at most an hour) after the previous one ended, by whichever server comes
-    first; a direct call never waits for a retry. Slots no server ran are recorded
-    ``missed``;
-    ``catch_up`` says what a late start runs: ``"latest"`` (the most recent missed slot,
-    once), ``"skip"`` (nothing: wait for the next slot) or ``"all"`` (each missed slot in
-    order, at most ``catch_up_limit``, none older than ``catch_up_window``). ``overlap``
-    says what becomes of slots that come while the job's previous run still runs:
-    ``"skip"`` (recorded skipped), ``"buffer_one"`` (the latest runs right after it),
-    ``"buffer_all"`` (each runs, in order, at most ``catch_up_limit``) or
-    ``"cancel_other"`` (the newer slot stops the run, on whatever server) or
-    ``"allow_all"`` (each slot runs at its time, beside any still running). A function
-    with a ``slot`` parameter is given the slot (a UTC datetime) it serves; one with a
-    ``token`` parameter, its lock's fencing token (an int that grows at every take: pass
-    it to writes that must refuse a holder that was taken over).
-
-    The other arguments: ``ttl`` (lease length; default ``EXCLUSIVE_JOBS["TTL"]``),
-    ``min_hold`` (keep the lock closed until this long after the start, for jobs
-    without a schedule), ``wait`` (poll this long for a held lock instead of skipping),
-    ``using`` (the lock's database alias), ``keepalive`` (renew the lease while the job
-    runs; default ``EXCLUSIVE_JOBS["KEEPALIVE"]``), ``slot_tolerance`` (how early a start
-    may be and still serve the coming slot; default ``EXCLUSIVE_JOBS["SLOT_TOLERANCE"]``).
-    ``timeout`` (a run lasting longer is stopped: SIGTERM to its process group, SIGKILL
-    after a grace, recorded ``timed_out``; default ``EXCLUSIVE_JOBS["TIMEOUT"]``, no
-    limit). The timeout stops runs started by the scheduler and by ``run_exclusive``; a
-    direct call of the decorated function (in a web request, say) is never stopped.
-    Durations are seconds or strings such as ``"90s"``, ``"15m"``, ``"1h"``.
-
-    ``jitter="5m"`` starts each slot up to that long after it (an offset every server
-    computes alike from the job and the slot); ``kwargs={...}`` are the (JSON) keyword
-    arguments its runs pass; ``schedules={"daily": {"cron": ..., "kwargs": {...}}, ...}``
-    declares several schedules, each a job of its own named ``NAME:daily``.
-    ``pause_after=3`` pauses the job once its last 3 runs have failed (a slot's last
-    attempt each): a health problem and the ``job_paused`` signal, until resumed.
-    ``in_process=True`` has the scheduler run it in a thread of its own process instead
-    of a child process: far less CPU per run, for light jobs, but a run cannot be
-    stopped (no ``timeout=``, no ``overlap="cancel_other"``) and a crash of the
-    interpreter takes the scheduler with it (see ``run/thread.py``).
+    ``every="1h"`` or ``cron="0 * * * *"`` (with ``timezone=``): each slot runs once,
+    across servers. ``retries``/``retry_backoff``: a slot whose run did not succeed runs
+    again. ``catch_up`` (``"latest"``, ``"skip"``, ``"all"``; ``catch_up_limit``,
+    ``catch_up_window``): what a late start runs. ``overlap`` (``"skip"``,
+    ``"buffer_one"``, ``"buffer_all"``, ``"cancel_other"``, ``"allow_all"``): what becomes
+    of slots that come during a run. ``jitter``: start each slot up to that long after it.
+    ``kwargs``: the runs' JSON keyword arguments; ``schedules``: several schedules, each
+    the job ``NAME:KEY``. ``timeout``: stop a run (started by the scheduler or
+    ``run_exclusive``) that lasts longer. ``pause_after=N``: pause after N failed slots.
+    ``in_process=True``: the scheduler runs it in a thread (no timeout, no cancel_other).
+    ``ttl``, ``keepalive``, ``min_hold``, ``wait``, ``using``, ``slot_tolerance``: the
+    lock's lease, its renewal, how long it stays closed, how long to wait for it, its
+    database, how early a start may serve the coming slot. A function with a ``slot``
+    parameter gets its slot (UTC); with ``token``, its lock's fencing token. Durations:
+    seconds, or ``"90s"``, ``"15m"``, ``"1h"``. Defaults, bounds: docs/reference/api.md.
     """
+    # Every argument but these two (at the top, ``locals()`` holds just the arguments).
+    options = {key: value for key, value in locals().items() if key not in ("name", "removed")}
     if callable(name):
         return exclusive_job()(name)
     refuse_removed(removed)
-    time_limit = check_lock_options(on_held, ttl, min_hold, wait, timeout)
-    declared = declared_schedules(schedules, every, cron, timezone, kwargs, slot_tolerance)
-    retries, backoff, policy, overlapping = scheduled_policies(
-        declared, retries, retry_backoff, catch_up, catch_up_limit, catch_up_window, overlap
-    )
-    spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
-    check_pause_after(pause_after)
-    check_in_process(in_process, time_limit, overlapping)
-    shared = {
-        "ttl": ttl,
-        "min_hold": min_hold,
-        "wait": wait,
-        "using": using,
-        "on_held": on_held,
-        "keepalive": keepalive,
-        "catch_up": policy,
-        "timeout": time_limit,
-        "overlap": overlapping,
-        "retries": retries,
-        "retry_backoff": backoff,
-        "pause_after": pause_after,
-        "in_process": in_process,
-    }
-    declaration = Declaration(
-        name, declared, spread, kwargs is not None, schedules is not None, shared
-    )
+    declaration = declare(name, **options)
 
     def decorate(func: F) -> F:
         return _decorate(declaration, func)
