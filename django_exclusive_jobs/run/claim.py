@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..lock.errors import LockConfigurationError
 from . import catchup, overrides
@@ -44,13 +44,31 @@ class Insert:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Found:
+    """What a claim found, which it tells its run (``history.Claim``: this and the row)."""
+
+    slot: dt.datetime | None = None
+    missed: list[dt.datetime] = field(default_factory=list)
+    more: bool = False  # more slots to run after this one (catch_up="all", buffered ones)
+    why: str = ""  # nothing runs now: why
+    skipped: list[dt.datetime] = field(default_factory=list)  # came during a run (overlap)
+    retry_at: dt.datetime | None = None  # the slot's next attempt is due then (skipped now)
+    # the replaced schedule's slots among ``missed`` (and the older ones, as one range)
+    replaced: catchup.Replaced | None = None
+
+    def found(self) -> dict[str, Any]:
+        """These fields, by name (to build a ``history.Claim`` from a decision)."""
+        return {name: getattr(self, name) for name in Found.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Decision(Found):
     """What a claim does, in its order: look at the history (``look_up_to``, then decide
     again), or look again in turn with the job's other slots' first claims (``in_turn``,
     then decide again); give up an older slot's pending retry (``give_up``); write the
     ``records`` then the run row (``insert``), in one transaction when ``together``, all
-    under the lock's lease when ``under_lease`` (the job's first rows). The rest is what
-    the claim tells its run (``history.Claim``)."""
+    under the lock's lease when ``under_lease`` (the job's first rows). What it found
+    (:class:`Found`) is what the claim tells its run."""
 
     current: dt.datetime | None = None  # the slot the start is for (None: no schedule)
     look_up_to: dt.datetime | None = None  # read the newest run up to it, decide again
@@ -61,14 +79,6 @@ class Decision:
     together: bool = False  # the records and the run row in one transaction
     insert: Insert | None = None
     existing: JobRun | None = None  # the run that has the slot already
-    # What the claim found (``history.Claim``).
-    slot: dt.datetime | None = None
-    missed: list[dt.datetime] = field(default_factory=list)
-    more: bool = False
-    why: str = ""
-    skipped: list[dt.datetime] = field(default_factory=list)
-    retry_at: dt.datetime | None = None
-    replaced: catchup.Replaced | None = None
 
     @property
     def final(self) -> bool:

@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -26,8 +26,8 @@ from ..lock.errors import LockLost
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..logs import extra
-from . import catchup, run_requests
 from . import claim as decision
+from . import run_requests
 from .end_rows import abandoned_by_its_holder, abandoned_runs, close_abandoned, is_ours, runs_on
 from .retries import Retries
 from .schedules import Schedule
@@ -42,19 +42,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_exclusive_jobs")
 
 
-@dataclass
-class Claim:
-    """What :func:`claim` found: a run row (ours or another's), its slot, missed slots."""
+@dataclass(frozen=True)
+class Claim(decision.Found):
+    """What :func:`claim` found (:class:`.claim.Found`) and the run row: ours, another's,
+    or None when nothing runs now (``why`` says why)."""
 
-    run: JobRun | None  # None: nothing runs now; ``why`` says why
-    slot: dt.datetime | None = None
-    missed: list[dt.datetime] = field(default_factory=list)
-    more: bool = False  # more slots to run after this one (catch_up="all", buffered ones)
-    why: str = ""
-    skipped: list[dt.datetime] = field(default_factory=list)  # came during a run (overlap)
-    retry_at: dt.datetime | None = None  # the slot's next attempt is due then (skipped now)
-    # the replaced schedule's slots among ``missed`` (and the older ones, as one range)
-    replaced: catchup.Replaced | None = None
+    run: JobRun | None = None
 
 
 @dataclass
@@ -217,16 +210,7 @@ def _apply(lock: Lock, name: str, decided: decision.Decision, kwargs: dict[str, 
                 attempt=insert.attempt,
                 backfill=insert.backfill,
             )
-    return Claim(
-        run,
-        decided.slot,
-        decided.missed,
-        decided.more,
-        why=decided.why,
-        skipped=decided.skipped,
-        retry_at=decided.retry_at,
-        replaced=decided.replaced,
-    )
+    return Claim(run=run, **decided.found())
 
 
 def _up_to(run: JobRun | None, slot: dt.datetime) -> bool:
@@ -323,7 +307,7 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
 
     requests = RunRequest.objects.using(lock.using)
     if not run_requests.take(request, by=lock.holder, using=lock.using):
-        return Claim(None, why=f"run request {request.pk} was taken by another run")
+        return Claim(why=f"run request {request.pk} was taken by another run")
     if request.slot is not None:
         found = _backfill(lock, name, request.slot, request.requested_by, kwargs)
         if found.run is None or not is_ours(found.run, lock):
@@ -333,7 +317,7 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
     run = found.run
     assert run is not None
     run_statement(lock.using, lambda: requests.record_run(request.pk, run))
-    return Claim(run, request.slot)
+    return Claim(run=run, slot=request.slot)
 
 
 def _backfill(
