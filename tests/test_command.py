@@ -124,11 +124,16 @@ def handles(pid: int, signum: int) -> bool:
 
 
 def wait_for(predicate: object, timeout: float = 60) -> None:
+    """Until ``predicate()`` holds (else AssertionError after ``timeout`` seconds): asked
+    at once, then at intervals growing from 20 ms to 200 ms, so that a long wait (most
+    are for slots and leases, seconds away) is not a query every 50 ms on a busy machine."""
     deadline = time.monotonic() + timeout
+    pause = 0.02
     while time.monotonic() < deadline:
         if callable(predicate) and predicate():
             return
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.2)
     raise AssertionError("condition not reached in time")
 
 
