@@ -10,7 +10,7 @@ reads before it and the writes it asks for are ``history.claim``'s, in their ord
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from ..lock.errors import LockConfigurationError
@@ -58,7 +58,7 @@ class Found:
 
     def found(self) -> dict[str, Any]:
         """These fields, by name (to build a ``history.Claim`` from a decision)."""
-        return {name: getattr(self, name) for name in Found.__dataclass_fields__}
+        return {each.name: getattr(self, each.name) for each in fields(Found)}
 
 
 @dataclass(frozen=True)
