@@ -62,9 +62,10 @@ LINE = re.compile(
 
 
 def model(name: str) -> tuple[subprocess.CompletedProcess[str], re.Match[str]]:
-    done = subprocess.run(
-        ["bash", str(SCRIPT), name], capture_output=True, text=True, timeout=600, check=False
-    )
+    # At the lowest priority (nice 19): the checks are pure CPU with no deadline, and the
+    # scheduler tests on the other workers wait on 1-s slots and 3-s leases.
+    command = ["nice", "-n", "19", "bash", str(SCRIPT), name]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     found = LINE.search(done.stdout)
     assert found is not None, done.stdout + done.stderr
     assert found["name"] == name

@@ -64,19 +64,24 @@ def keepalive_probe() -> None:
 
 # --- jobs the scheduler tests serve (`exclusive_scheduler --jobs ...`) ---------------------
 
+# The tick jobs' lease: 3 s (renewed every second), so that a test of a lost lease or a
+# takeover does not wait long; TICK_TTL gives a test whose subject is not the lease
+# room for a loaded machine's slow renewal.
+TICK_TTL = float(os.environ.get("TICK_TTL", "3"))
 
-@exclusive_job("tick", every=os.environ.get("TICK_EVERY", "2s"), ttl=3)
+
+@exclusive_job("tick", every=os.environ.get("TICK_EVERY", "2s"), ttl=TICK_TTL)
 def tick(slot: object) -> None:
     mark(f"tick {slot.isoformat()}")  # type: ignore[attr-defined]
     time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
 
 
-@exclusive_job("tick_all", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, catch_up="all")
+@exclusive_job("tick_all", every=os.environ.get("TICK_EVERY", "2s"), ttl=TICK_TTL, catch_up="all")
 def tick_all(slot: object) -> None:
     mark(f"tick_all {slot.isoformat()}")  # type: ignore[attr-defined]
 
 
-@exclusive_job("tick_skip", every=os.environ.get("TICK_EVERY", "2s"), ttl=3, catch_up="skip")
+@exclusive_job("tick_skip", every=os.environ.get("TICK_EVERY", "2s"), ttl=TICK_TTL, catch_up="skip")
 def tick_skip(slot: object) -> None:
     mark(f"tick_skip {slot.isoformat()}")  # type: ignore[attr-defined]
 
