@@ -40,7 +40,7 @@ EVENTS = {
     "skipped": "a start ran nothing: the lock is held, the slot has a run, it is paused...",
     "missed": "slots no server ran were recorded missed",
     "overlapped": "slots that came during a run were recorded skipped (overlap)",
-    "waiting": "a start waits for its slot's start (jitter) or for a retry (retry_at)",
+    "waiting": "a start waits for its slot's start (fired early, jitter) or for a retry (retry_at)",
     "cancelling": "a newer slot asked the running run to stop (overlap='cancel_other')",
     "stopping": "a run is being stopped: a newer slot, its timeout, a lost lock, shutdown",
     "lost": "runs whose server died or lost the lock were marked lost",

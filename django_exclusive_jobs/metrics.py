@@ -189,7 +189,7 @@ def _run_families(names: list[str], totals: Totals) -> list[Metric]:
     lateness = HistogramMetricFamily(
         f"{PREFIX}_start_lateness_seconds",
         "How long after its slot a scheduled slot's first attempt started (its jitter "
-        "included; negative: started early, within the slot tolerance).",
+        "included; negative: a direct call a little before its slot).",
         labels=LABEL,
     )
     for name in names:

@@ -292,11 +292,11 @@ def test_a_backfill_of_a_slot_that_succeeded_is_that_run() -> None:
 
 def test_each_start_says_what_the_run_asks() -> None:
     slot, cron, call = Start.slot(at(11)), Start.cron(), Start.call()
-    assert (slot.not_before, slot.waits_for_jitter, slot.asked) == (at(11), False, False)
-    assert (cron.not_before, cron.waits_for_jitter, cron.reason) == (None, True, "cron")
-    assert (call.not_before, call.waits_for_jitter, call.requested_by) == (None, False, "")
+    assert (slot.not_before, slot.waits_for_start, slot.asked) == (at(11), False, False)
+    assert (cron.not_before, cron.waits_for_start, cron.reason) == (None, True, "cron")
+    assert (call.not_before, call.waits_for_start, call.requested_by) == (None, False, "")
     retry = Start.cron(retry_at=at(11, 5))
-    assert (retry, retry.waits_for_jitter) == (Start.retry(at(11, 5)), False)
+    assert (retry, retry.waits_for_start) == (Start.retry(at(11, 5)), False)
     assert cron.waited(at(11, 0, 30)).not_before == at(11, 0, 30)
 
 

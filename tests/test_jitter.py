@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from django_exclusive_jobs import LockConfigurationError, exclusive_job
 from django_exclusive_jobs.lock.clock import database_now
@@ -23,10 +24,13 @@ from django_exclusive_jobs.run import catchup
 from django_exclusive_jobs.run.catchup import CatchUp
 from django_exclusive_jobs.run.jitter import make_jitter, offset
 from django_exclusive_jobs.run.registry import get_job
+from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.scheduler import Scheduler
 from django_exclusive_jobs.run.schedules import Every, make_schedule
+from django_exclusive_jobs.run.start import Start
 
 from .test_command import ROOT, argv, command_env, manage, marker, processes
+from .test_scheduler import FAKETIME
 
 __all__ = ["marker", "processes"]  # fixtures
 
@@ -215,6 +219,62 @@ def test_sigterm_while_waiting_for_the_start_exits_143_and_takes_nothing(
     assert not marker.exists()
     assert not JobRun.objects.using(alias).filter(name="jittery").exists()
     assert not JobLock.objects.using(alias).filter(name="jittery", token__gt=0).exists()
+
+
+def test_a_cron_line_that_fires_early_waits_for_its_slot_on_the_databases_clock(
+    alias: str, marker: Path
+) -> None:
+    """A server whose clock is 12 s ahead fires its cron line 12 s before the slot
+    (within the slot tolerance, a third of a 45-s or longer interval): the run waits for
+    the slot on the database's clock and serves it, never starting before it. A job
+    with no jitter; libfaketime gives the command its clock (not on SQLite, whose clock is
+    the machine's)."""
+    ahead = dt.timedelta(seconds=12)
+    for _ in range(90):
+        now = database_now(alias)
+        fits = [
+            (seconds, slot)
+            for seconds in range(45, 91)
+            if ahead + dt.timedelta(seconds=0.5)
+            <= (slot := Every(period=dt.timedelta(seconds=seconds)).next_after(now)) - now
+            <= ahead + dt.timedelta(seconds=1.5)
+        ]
+        if fits:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("no period gave a slot 12-13 s away")
+    seconds, slot = fits[0]
+    sleep_until(alias, slot - ahead)
+    env = command_env(marker)
+    if connections[alias].vendor != "sqlite":
+        env.update(LD_PRELOAD=FAKETIME, FAKETIME="+12s")
+    result = manage(alias, "quick", "--every", f"{seconds}s", env=env)
+    assert result.returncode == 0, result.stderr
+    # Its own clock said the slot had come; the database's did not.
+    assert f"waiting for quick: slot={slot.isoformat()} starts at " in result.stdout
+    assert "(jitter)" not in result.stdout
+    [run] = JobRun.objects.using(alias).filter(name="quick")
+    assert run.slot == slot and run.status == "succeeded"
+    assert run.started_at >= slot
+    assert marker.read_text().split()[0] == "quick"
+
+
+def test_a_cron_line_a_moment_early_waits_for_its_slot_without_a_word(alias: str) -> None:
+    """Fired 1.2 s before a 6-s slot (its tolerance: 2 s): the run waits and starts at
+    the slot, saying nothing of a wait the scheduler, too, makes without a word."""
+    job = exclusive_job("early_quiet", every="6s", using=alias)(lambda: None)
+    declared = get_job("early_quiet")
+    assert declared is not None and declared.schedule is not None
+    six = dt.timedelta(seconds=6)
+    slot = Every(period=six).next_after(database_now(alias) + dt.timedelta(seconds=1.5))
+    sleep_until(alias, slot - dt.timedelta(seconds=1.2))
+    said: list[str] = []
+    result = Run(declared, start=Start.cron(), report=lambda line, _: said.append(str(line))).call()
+    assert result.status == "succeeded" and job is not None
+    [run] = JobRun.objects.using(alias).filter(name="early_quiet")
+    assert run.slot == slot and run.started_at >= slot
+    assert not [line for line in said if line.startswith("waiting")], said
 
 
 def test_jitter_0_on_the_command_line_starts_at_once(alias: str, marker: Path) -> None:

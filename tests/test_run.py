@@ -57,7 +57,10 @@ def test_the_scheduler_runs_in_process_until_a_number_of_runs_ended(
     monkeypatch.setenv("MARKER", str(marker))
     job = get_job("tick")
     assert job is not None
-    scheduler = Scheduler([job.but(using=alias)], using=alias, max_runs=2, run_for=60)
+    # A lease of 10 s: the subject is the count of runs (a 3-s lease was once lost on a
+    # loaded machine, the job's process 4.8 s long).
+    tick = job.but(using=alias, ttl=10)
+    scheduler = Scheduler([tick], using=alias, max_runs=2, run_for=60)
     assert scheduler.run() == 0
     assert scheduler.ended_runs == 2
     runs = JobRun.objects.using(alias).filter(name="tick", status="succeeded")

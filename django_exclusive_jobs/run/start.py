@@ -27,10 +27,10 @@ class Start:
     ``Start.backfill(slot, by)``."""
 
     reason: str = "call"  # slot, cron, call, retry, run_now, backfill (for messages, tests)
-    # The scheduler's due slot, a retry's due time, or a cron line's slot start once its
-    # jitter was waited for: never served before it on the database's clock.
+    # The scheduler's due slot, a retry's due time, or a cron line's slot start once it
+    # was waited for: never served before it on the database's clock.
     due: dt.datetime | None = None
-    jitter: bool = False  # a cron line's start: wait first for the slot's start (jitter)
+    waits: bool = False  # a cron line's start: wait first for the slot's start
     by: str = ""  # who asked (run now, a backfill): at most 255 characters
     request: RunRequest | None = None  # the row a scheduler serves (run now, a backfill)
     past_slot: dt.datetime | None = None  # the slot a backfill runs again, here
@@ -51,14 +51,15 @@ class Start:
 
     @classmethod
     def cron(cls, retry_at: dt.datetime | None = None) -> Start:
-        """A cron line's start: first wait for the slot's start (its jitter); with
-        ``retry_at``, the start of the slot's next attempt (:meth:`retry`)."""
-        return cls("cron", jitter=True) if retry_at is None else cls.retry(retry_at)
+        """A cron line's start: first wait for the slot's start (the slot, or later by
+        its jitter; a line that fires early waits for it too); with ``retry_at``, the
+        start of the slot's next attempt (:meth:`retry`)."""
+        return cls("cron", waits=True) if retry_at is None else cls.retry(retry_at)
 
     @classmethod
     def retry(cls, due: dt.datetime) -> Start:
         """A cron line's start of its slot's next attempt, once its ``retry_at`` (``due``)
-        came: the same slot, never a later one, and no jitter to wait for."""
+        came: the same slot, never a later one, and no slot start to wait for."""
         return cls("retry", due=due)
 
     @classmethod
@@ -85,9 +86,9 @@ class Start:
         return self.due
 
     @property
-    def waits_for_jitter(self) -> bool:
-        """A cron line's start: it waits for its slot's start (its jitter) first."""
-        return self.jitter
+    def waits_for_start(self) -> bool:
+        """A cron line's start: it waits for its slot's start first."""
+        return self.waits
 
     @property
     def requested_by(self) -> str:

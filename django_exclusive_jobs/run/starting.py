@@ -1,4 +1,4 @@
-"""How a run starts: wait for its slot's start (jitter), take the job's lock (or, under
+"""How a run starts: a cron line waits for its slot's start, take the job's lock (or, under
 ``overlap="cancel_other"``, have an older slot's run stop), claim its slot in the history
 (recording missed ones), and say so; or why it does not run (a SKIPPED result)."""
 
@@ -26,7 +26,7 @@ from .status import RunStatus
 if TYPE_CHECKING:
     from ..models import JobState
 
-EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot
+EARLY_WAIT_LIMIT = 2.0  # seconds a start that came early waits for its slot without a word
 JITTER_TICK = 0.1  # seconds between two looks for a stop while waiting for a slot's start
 
 
@@ -40,8 +40,8 @@ class Starting(Finishing):
         Never re-entrant: a second run of the job in this thread (a job calling itself,
         or another async call sharing Django's sync thread) skips like any other server.
         """
-        if self.reason.waits_for_jitter:
-            stopped = self._jitter()
+        if self.reason.waits_for_start:
+            stopped = self._wait_for_start()
             if stopped is not None:
                 return stopped
         self.lock_slot = self._slot_of_lock()
@@ -243,12 +243,15 @@ class Starting(Finishing):
             self._state_read = True
         return self._state
 
-    def _jitter(self) -> RunResult | None:
-        """A cron line fires at the slot; the slot starts later by its jitter: wait for
-        that on the database's clock, then serve the slot as the scheduler does (from
-        ``not_before``). A line that fires after the start goes at once. A stop while
-        waiting ends the run before anything is taken: an INTERRUPTED result."""
-        if self.job.schedule is None or not self.job.jitter:
+    def _wait_for_start(self) -> RunResult | None:
+        """A cron line fires at the slot; the slot starts then, or later by its jitter:
+        wait for that on the database's clock, then serve the slot as the scheduler does
+        (from ``not_before``). A line that fires early (a clock ahead: within the slot
+        tolerance) waits too, so that no run starts before its slot; it says so when it
+        waits longer than the scheduler would without a word (``EARLY_WAIT_LIMIT``). A
+        line that fires after the start goes at once. A stop while waiting ends the run
+        before anything is taken: an INTERRUPTED result."""
+        if self.job.schedule is None:
             return None
         self._in_force()  # the slot to wait for is the schedule's in force
         schedule = self.job.schedule
@@ -257,13 +260,15 @@ class Starting(Finishing):
         run_statement(clock.using, clock.sync)
         slot = schedule.slot_at(clock.now())
         start = self.job.start_of(slot)
-        if clock.seconds_until(start) <= 0:
+        if (wait := clock.seconds_until(start)) <= 0:
             return None
-        said = (
-            f"waiting for {self.name}: slot={slot.isoformat()} starts at "
-            f"{start.isoformat(timespec='milliseconds')} (jitter)"
-        )
-        self._say(line("waiting", said, job_name=self.name, slot=slot, until=start))
+        if self.job.jitter or wait > EARLY_WAIT_LIMIT:
+            why = " (jitter)" if self.job.jitter else ""
+            said = (
+                f"waiting for {self.name}: slot={slot.isoformat()} starts at "
+                f"{start.isoformat(timespec='milliseconds')}{why}"
+            )
+            self._say(line("waiting", said, job_name=self.name, slot=slot, until=start))
         while self.pending_signal is None and (left := clock.seconds_until(start)) > 0:
             time.sleep(min(left, JITTER_TICK))
         if self.pending_signal is not None:
