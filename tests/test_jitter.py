@@ -30,7 +30,7 @@ from django_exclusive_jobs.run.schedules import Every, make_schedule
 from django_exclusive_jobs.run.start import Start
 
 from .test_command import ROOT, argv, command_env, manage, marker, processes
-from .test_scheduler import FAKETIME
+from .test_scheduler import scheduler_env
 
 __all__ = ["marker", "processes"]  # fixtures
 
@@ -230,25 +230,15 @@ def test_a_cron_line_that_fires_early_waits_for_its_slot_on_the_databases_clock(
     with no jitter; libfaketime gives the command its clock (not on SQLite, whose clock is
     the machine's)."""
     ahead = dt.timedelta(seconds=12)
-    for _ in range(90):
-        now = database_now(alias)
-        fits = [
-            (seconds, slot)
-            for seconds in range(45, 91)
-            if ahead + dt.timedelta(seconds=0.5)
-            <= (slot := Every(period=dt.timedelta(seconds=seconds)).next_after(now)) - now
-            <= ahead + dt.timedelta(seconds=1.5)
-        ]
-        if fits:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError("no period gave a slot 12-13 s away")
-    seconds, slot = fits[0]
+    # The soonest slot at least 12.5 s away, among intervals of 45 to 90 s.
+    after = database_now(alias) + ahead + dt.timedelta(seconds=0.5)
+    slot, seconds = min(
+        (Every(period=dt.timedelta(seconds=seconds)).next_after(after), seconds)
+        for seconds in range(45, 91)
+    )
     sleep_until(alias, slot - ahead)
-    env = command_env(marker)
-    if connections[alias].vendor != "sqlite":
-        env.update(LD_PRELOAD=FAKETIME, FAKETIME="+12s")
+    skewed = connections[alias].vendor != "sqlite"
+    env = scheduler_env(marker, shift="+12s" if skewed else None)
     result = manage(alias, "quick", "--every", f"{seconds}s", env=env)
     assert result.returncode == 0, result.stderr
     # Its own clock said the slot had come; the database's did not.
@@ -263,7 +253,7 @@ def test_a_cron_line_that_fires_early_waits_for_its_slot_on_the_databases_clock(
 def test_a_cron_line_a_moment_early_waits_for_its_slot_without_a_word(alias: str) -> None:
     """Fired 1.2 s before a 6-s slot (its tolerance: 2 s): the run waits and starts at
     the slot, saying nothing of a wait the scheduler, too, makes without a word."""
-    job = exclusive_job("early_quiet", every="6s", using=alias)(lambda: None)
+    exclusive_job("early_quiet", every="6s", using=alias)(lambda: None)
     declared = get_job("early_quiet")
     assert declared is not None and declared.schedule is not None
     six = dt.timedelta(seconds=6)
@@ -271,7 +261,7 @@ def test_a_cron_line_a_moment_early_waits_for_its_slot_without_a_word(alias: str
     sleep_until(alias, slot - dt.timedelta(seconds=1.2))
     said: list[str] = []
     result = Run(declared, start=Start.cron(), report=lambda line, _: said.append(str(line))).call()
-    assert result.status == "succeeded" and job is not None
+    assert result.status == "succeeded"
     [run] = JobRun.objects.using(alias).filter(name="early_quiet")
     assert run.slot == slot and run.started_at >= slot
     assert not [line for line in said if line.startswith("waiting")], said
