@@ -194,7 +194,8 @@ def assert_side_by_side(alias: str, marker: Path) -> list[JobRun]:
 def test_two_schedulers_run_the_slots_side_by_side_each_once(
     alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
 ) -> None:
-    env = scheduler_env(marker, OVERLAP="allow_all")
+    # A 10-s lease: the lease is not the subject (on a loaded machine a 3-s one was lost).
+    env = scheduler_env(marker, OVERLAP="allow_all", OVERLONG_TTL="10")
     servers = [start_scheduler(schedulers, alias, "--jobs", "overlong", env=env) for _ in "ab"]
     wait_for(lambda: sum(r.status == "succeeded" for r in overlong_runs(alias)) >= 5, timeout=90)
     for server in servers:
@@ -209,7 +210,9 @@ def test_a_cron_line_runs_its_slot_while_the_previous_slots_line_still_runs(
 ) -> None:
     # The first run lasts 10 s: the second line has almost 8 s to start its own, which a
     # loaded machine needs (a cron line sets Django up before it takes its lock).
-    env = command_env(marker, OVERLAP="allow_all", TICK_EVERY="2s", LONG_SECONDS="10")
+    env = command_env(
+        marker, OVERLAP="allow_all", TICK_EVERY="2s", LONG_SECONDS="10", OVERLONG_TTL="10"
+    )
     started: list[subprocess.Popen[str]] = []
     try:
         first = launch(started, argv(alias, "overlong"), env)

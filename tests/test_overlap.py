@@ -258,7 +258,7 @@ def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
 
 @pytest.mark.slow
 def test_a_cron_line_runs_the_buffered_slot_after_its_run(alias: str, marker: Path) -> None:
-    env = command_env(marker, OVERLAP="buffer_one", TICK_EVERY="2s")
+    env = command_env(marker, OVERLAP="buffer_one", TICK_EVERY="2s", OVERLONG_TTL="10")
     started: list[subprocess.Popen[str]] = []
     try:
         first = launch(started, argv(alias, "overlong"), env)
