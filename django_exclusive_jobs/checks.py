@@ -162,7 +162,8 @@ def _check_lock_settings(found: _Found) -> None:
 
 
 def _check_run_settings(found: _Found) -> None:
-    """The runs': SLOT_TOLERANCE, KEEP_RUNS, RUNNING_LONG_FACTOR, TIMEOUT, BUSY_TIMEOUT."""
+    """The runs': SLOT_TOLERANCE, KEEP_RUNS, RUNNING_LONG_FACTOR, TIMEOUT, BUSY_TIMEOUT;
+    the scheduler's LISTEN."""
     error, merged = found.error, found.merged
     tolerance = found.duration("SLOT_TOLERANCE")
     if tolerance is not None and tolerance < dt.timedelta(0):
@@ -179,6 +180,8 @@ def _check_run_settings(found: _Found) -> None:
     busy = found.duration("BUSY_TIMEOUT")
     if busy is not None and busy < dt.timedelta(0):
         error("E011", "BUSY_TIMEOUT", "must not be negative.")
+    if not isinstance(merged["LISTEN"], bool):
+        error("E018", "LISTEN", "must be True or False.")
 
 
 def _check_output_settings(found: _Found) -> None:

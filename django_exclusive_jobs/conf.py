@@ -36,6 +36,10 @@ DEFAULTS: dict[str, Any] = {
     # What the commands print for each decision: "text" (a sentence) or "json" (one JSON
     # object per line: the sentence and its fields, see django_exclusive_jobs/logs.py).
     "LOG_FORMAT": "text",
+    # On PostgreSQL, schedulers LISTEN for run-now requests, stops and operators'
+    # changes instead of polling for them every 5 s (not behind PgBouncer in transaction
+    # mode: see run/listening.py). False: poll everywhere.
+    "LISTEN": True,
     # One OpenTelemetry span per run, on the server that won it (needs opentelemetry-api;
     # the project configures the SDK and its exporter).
     "OPENTELEMETRY": False,

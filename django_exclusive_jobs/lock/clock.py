@@ -131,6 +131,11 @@ def database_now(using: str) -> dt.datetime:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {now_sql(connection.vendor)}", [])
         value = cursor.fetchone()[0]
+    return database_time(connection, value)
+
+
+def database_time(connection: Any, value: Any) -> dt.datetime:
+    """The database's time as a statement read it, aware when ``USE_TZ``."""
     now = to_datetime(connection, value)
     assert now is not None
     if settings.USE_TZ and now.tzinfo is None:
@@ -158,7 +163,13 @@ class DatabaseClock:
         before = time.monotonic()
         wall = time.time()
         now = database_now(self.using)
-        after = time.monotonic()
+        self.observe(now, before, time.monotonic(), wall)
+
+    def observe(self, now: dt.datetime, before: float, after: float, wall: float) -> None:
+        """Follow the database's time ``now``, read by a statement sent at ``before``
+        and answered at ``after`` (monotonic), ``wall`` being this server's clock at
+        ``before``: another statement's read of the time (the scheduler's beat on
+        PostgreSQL) serves as a sync."""
         middle = (before + after) / 2
         self._base = now - dt.timedelta(seconds=middle)
         self.offset = now.timestamp() - (wall + (after - before) / 2)

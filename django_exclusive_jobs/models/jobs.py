@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from ..lock.clock import DatabaseNow
 from ..values import EARLIEST
 from .fields import JobNameField, PauseEndField
+from .requests import wake_schedulers
 
 
 def pause_in_force(now: dt.datetime | DatabaseNow) -> Q:
@@ -235,7 +236,8 @@ def record_change(
     after: dict[str, Any] | None = None,
 ) -> None:
     """One ``JobChange`` (in the caller's transaction, if any: the caller retries); the
-    audit's ``record`` (``run/audit.py``) is this."""
+    audit's ``record`` (``run/audit.py``) is this. Every operator's change is audited, so
+    the listening schedulers are woken here to read it (``wake_schedulers``)."""
     JobChange.objects.using(using).create(
         name=name,
         at=DatabaseNow(),
@@ -245,3 +247,4 @@ def record_change(
         before=before or {},
         after=after or {},
     )
+    wake_schedulers(using)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from django.db import models
+from django.db import connections, models
 from django.utils.translation import gettext_lazy as _
 
 from ..naming import describe_arguments
@@ -60,6 +60,13 @@ class RunRequestQuerySet(models.QuerySet["RunRequest"]):
     def run_waiting(self, name: str, pk: int) -> RunRequestQuerySet:
         """The request ``pk`` for a run of ``name``, while it waits (the admin's cancel)."""
         return self.pending().runs().filter(name=name).filter(pk=pk)
+
+    def ask(self, **values: Any) -> RunRequest:
+        """Write a request (``values``) and wake the schedulers to it (PostgreSQL: they
+        listen, and read it at once; elsewhere they find it at their next poll)."""
+        made = self.create(**values)
+        wake_schedulers(self.db)
+        return made
 
     def record_run(self, pk: int, run: Any) -> int:
         """Note on the request ``pk`` the run that took it."""
@@ -129,3 +136,16 @@ class RunRequest(models.Model):
     def arguments(self) -> str:
         """The arguments it was asked for with, as one line of JSON ("" for none)."""
         return describe_arguments(self.kwargs)
+
+
+WAKE_CHANNEL = "django_exclusive_jobs"  # PostgreSQL's NOTIFY channel (run/listening.py)
+
+
+def wake_schedulers(using: str) -> None:
+    """Tell the listening schedulers (PostgreSQL) that a request or an operator's change
+    was written: one ``pg_notify`` in the caller's transaction, delivered at its commit
+    (and not at all if it rolls back). Elsewhere nothing: the schedulers poll there."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [WAKE_CHANNEL])

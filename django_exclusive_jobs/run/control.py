@@ -64,7 +64,7 @@ def request_run(
 
     def write() -> RunRequest:
         with transaction.atomic(using=using):
-            made = RunRequest.objects.using(using).create(
+            made = RunRequest.objects.using(using).ask(
                 name=name, requested_by=by[:255], requested_at=DatabaseNow(), slot=slot,
                 kwargs=given,
             )  # fmt: skip

@@ -29,7 +29,7 @@ def ask_to_stop(name: str, *, token: int, by: str, using: str) -> bool:
         return False
     run_statement(
         using,
-        lambda: requests.create(
+        lambda: requests.ask(
             name=name, stop_token=token, requested_by=by[:255], requested_at=DatabaseNow()
         ),
     )

@@ -27,7 +27,7 @@ from ..lock.acquire import prepare_locks
 from ..lock.errors import LockDatabaseError
 from ..lock.retry import run_statement
 from ..logs import line
-from . import control, overrides, spread
+from . import control, overrides
 from .process import Outcome, shut_down, warm_up
 from .running import Active
 from .shutdown import stop_on_signals
@@ -36,7 +36,9 @@ from .upkeep import beat_seconds
 
 logger = logging.getLogger("django_exclusive_jobs")
 
-REQUEST_POLL = 5.0  # seconds between two looks for runs asked for now (one query)
+# Seconds between two looks for runs asked for now and operators' changes (two queries):
+# always where it cannot listen, and on PostgreSQL while a request waits.
+REQUEST_POLL = 5.0
 
 
 class Scheduler(Starts):
@@ -96,8 +98,8 @@ class Scheduler(Starts):
                 self._read_overrides()
                 run_statement(self.using, self._first_due)
                 prepare_locks(self.served.jobs, using=self.using)  # the first take logs no error
-                self.heartbeat.beat(self.free)
-                self.handoffs.peers = spread.peers(self.using)
+                self._beat(sync=False)
+                self._listen()
             except LockDatabaseError as exc:
                 self._pause(self.outage.failed(exc))
                 continue
@@ -123,11 +125,14 @@ class Scheduler(Starts):
             return
         self.next_poll = time.monotonic() + REQUEST_POLL
         try:
+            self._listen()  # again first, if its connection was cut: nothing is missed
             self._read_overrides()
             requests = control.pending(sorted(self.served.on_request), using=self.using)
         except LockDatabaseError as exc:
             self._database_down(exc)
             return
+        if self.listener.listening and not requests:
+            self.next_poll = float("inf")  # until the next NOTIFY (listening.py)
         for request in requests:  # stops first: a full scheduler still honours them
             if request.stop_token is not None:
                 self._stop_asked(request)

@@ -52,8 +52,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..lock.retry import run_statement
 
@@ -72,15 +73,15 @@ class Peer:
     free: int | None = None  # at its last beat; None: not said (counted as 1)
 
 
-def peers(using: str) -> list[Peer]:
-    """The live schedulers (one query), from their heartbeat rows."""
+def peers(using: str, alive: Iterable[tuple[str, Any, int | None]] | None = None) -> list[Peer]:
+    """The live schedulers, from their heartbeat rows: ``alive`` (instance, jobs, free)
+    as a beat read them on PostgreSQL, else read here (one query)."""
     from ..models import Scheduler
 
-    rows = Scheduler.objects.using(using).alive().values_list("instance", "jobs", "free")
-    return [
-        Peer(instance, frozenset(jobs or ()), free)
-        for instance, jobs, free in run_statement(using, lambda: list(rows))
-    ]
+    if alive is None:
+        rows = Scheduler.objects.using(using).alive().values_list("instance", "jobs", "free")
+        alive = run_statement(using, lambda: list(rows))
+    return [Peer(instance, frozenset(jobs or ()), free) for instance, jobs, free in alive]
 
 
 _MASK = 2**64 - 1

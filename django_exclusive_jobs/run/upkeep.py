@@ -23,6 +23,7 @@ from ..models import RunRequest
 from ..models import Scheduler as SchedulerRow
 from . import overrides, spread, when
 from .heartbeat import Heartbeat
+from .listening import Listener
 from .outage import Outage
 from .registry import Job
 from .runner import Run, RunResult
@@ -67,6 +68,8 @@ class Upkeep:
         self.clock = DatabaseClock(using)
         # Every job it serves, with a schedule or only on request ("run now").
         self.heartbeat = Heartbeat(using, self.served.names)
+        # PostgreSQL: woken by a NOTIFY for requests and operators' changes (listening.py).
+        self.listener = Listener(using)
         self.name = f"{process.host}:{process.pid}"  # as its heartbeat row names it
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
@@ -112,17 +115,32 @@ class Upkeep:
             return
         try:
             stale = time.monotonic() - self.clock.synced_at > CLOCK_CHECK
-            if stale or self.outage.ongoing or self.clock_doubtful:
-                run_statement(self.using, self.clock.sync)
-                self.clock_doubtful = False
-            self.heartbeat.beat(self.free)
-            self.handoffs.peers = spread.peers(self.using)
+            self._beat(sync=stale or self.outage.ongoing or self.clock_doubtful)
+            self.clock_doubtful = False
             self._write_unwritten_ends()
+            self._listen()
         except LockDatabaseError as exc:
             self._database_down(exc)
             return
         self.outage.ended()
         self.next_beat = time.monotonic() + beat_seconds()
+
+    def _beat(self, sync: bool) -> None:
+        """The heartbeat and the live schedulers; ``sync``: the database's clock too. On
+        PostgreSQL one statement (heartbeat.py), elsewhere one each."""
+        pulse = self.heartbeat.beat(self.free)
+        if sync and pulse.clock is not None:
+            self.clock.observe(*pulse.clock)
+        elif sync:
+            run_statement(self.using, self.clock.sync)
+        self.handoffs.peers = spread.peers(self.using, pulse.alive)
+
+    def _listen(self) -> None:
+        """Listen (again, on a reopened connection), then read once what it may have
+        missed before: the next poll comes at once."""
+        if self.listener.moved():
+            run_statement(self.using, self.listener.listen)
+            self.next_poll = 0.0
 
     def _database_down(self, exc: BaseException) -> None:
         """Start nothing until a probe (``_keep_time``) gets through."""
@@ -145,6 +163,8 @@ class Upkeep:
         """Wait for the next due slot, a child's end or report, a signal, or a beat."""
         if self.stopping:
             return
+        if self.listener.heard():  # during the statements since the last wait
+            self.next_poll = 0.0
         waiting = [due for name, due in self.due.items() if self._waits_for(name, due)]
         full = len(self.running) >= self.max_concurrent
         next_poll = self.next_poll if self._polls_requests else float("inf")
@@ -163,9 +183,14 @@ class Upkeep:
         return cancels and due > self.clock.now()
 
     def _wait(self, timeout: float) -> None:
-        if self._wake_read in wait([self._wake_read, *self.running.waitables()], timeout):
+        listening = self.listener.fileno()
+        heard = [] if listening is None else [listening]
+        ready = wait([self._wake_read, *heard, *self.running.waitables()], timeout)
+        if self._wake_read in ready:
             with suppress(BlockingIOError, OSError):
                 os.read(self._wake_read, 64)
+        if listening in ready and self.listener.heard():
+            self.next_poll = 0.0
 
     def _pause(self, seconds: float) -> None:
         """Sleep ``seconds`` unless stopped first."""
