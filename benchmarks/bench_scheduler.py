@@ -99,7 +99,7 @@ def prepare_database(backend: str) -> None:
             found = raw.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME])
             if found.fetchone() is None:
                 raw.execute(f"CREATE DATABASE {DB_NAME}")
-    else:
+    elif backend == "mysql":
         import MySQLdb  # type: ignore[import-untyped]
 
         raw = MySQLdb.connect(host="127.0.0.1", user="root")
@@ -727,8 +727,9 @@ def describe_machine() -> str:
 
     cpu = cpu_model()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT version()")
-        server = cursor.fetchone()[0].split(" on ")[0]
+        sqlite = connection.vendor == "sqlite"
+        cursor.execute("SELECT sqlite_version()" if sqlite else "SELECT version()")
+        server = ("SQLite " if sqlite else "") + cursor.fetchone()[0].split(" on ")[0]
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**30
     return (
         f"{cpu}, {os.cpu_count()} cores, {memory} GiB; {server}; Python "
@@ -738,7 +739,9 @@ def describe_machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["postgresql", "mysql"], default="postgresql")
+    parser.add_argument(
+        "--backend", choices=["postgresql", "mysql", "sqlite"], default="postgresql"
+    )
     parser.add_argument("--measure", default="cluster,child,idle,rss", help="comma-separated")
     parser.add_argument("--schedulers", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=50)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.db import connections
 from django.test import override_settings
+from django.utils.timezone import now
 
 from django_exclusive_jobs.models import JobRun
 from django_exclusive_jobs.models import Scheduler as SchedulerRow
@@ -29,16 +30,18 @@ from .test_command import wait_for
 
 
 @contextmanager
-def counted(alias: str) -> Iterator[Counter[str]]:
-    """The statements this thread sends to ``alias``, by the table they name."""
+def counted(alias: str, since: Callable[[], bool]) -> Iterator[Counter[str]]:
+    """The statements this thread sends to ``alias`` once ``since()`` holds, by the
+    tables they name."""
     seen: Counter[str] = Counter()
 
     def count(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
-        lowered = sql.lower()
-        for table in ("runrequest", "jobstate", "_scheduler"):
-            if table in lowered:
-                seen[table] += 1
-        seen["all"] += 1
+        if since():
+            lowered = sql.lower()
+            for table in ("runrequest", "jobstate", "_scheduler"):
+                if table in lowered:
+                    seen[table] += 1
+            seen["all"] += 1
         return execute(sql, *args)
 
     with connections[alias].execute_wrapper(count):
@@ -51,30 +54,60 @@ def quick_scheduler(alias: str, run_for: float, **options: Any) -> Scheduler:
     return Scheduler([], on_request=[job.but(using=alias)], using=alias, run_for=run_for, **options)
 
 
+@pytest.fixture
+def postgres_alias(alias: str) -> str:
+    if connections[alias].vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; elsewhere the scheduler polls")
+    return alias
+
+
 def fast_beats(monkeypatch: pytest.MonkeyPatch, beat: float, poll: float) -> None:
     monkeypatch.setattr(SchedulerRow, "BEAT", dt.timedelta(seconds=beat))
     monkeypatch.setattr(scheduler_module, "REQUEST_POLL", poll)
 
 
-def test_an_idle_scheduler_sends_its_beats_and_polls_only_where_it_cannot_listen(
+def assert_looks(seen: Counter[str], seconds: float, poll: float) -> None:
+    """A look every ``poll`` seconds, each one statement (every other one is the beat):
+    the requests waiting, the overrides' text, the clock, the live schedulers. The
+    overrides are read once (their text never changes here); nothing else but the stop."""
+    assert seen["runrequest"] >= 0.66 * seconds / poll, seen
+    assert seen["all"] - seen["runrequest"] <= 3, seen  # the overrides, the stop
+    assert seen["all"] <= seconds / poll + 4, seen
+
+
+def test_an_idle_scheduler_sends_one_statement_a_beat_or_a_look(
     alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """3 s with a beat every 0.5 s and a poll every 0.25 s (as 60 s with 10 s and 5 s)."""
+    """3 s with a beat every 0.5 s and a poll every 0.25 s (as 60 s with 10 s and 5 s),
+    counted from its start (after its first reads)."""
     fast_beats(monkeypatch, beat=0.5, poll=0.25)
     served = quick_scheduler(alias, run_for=3)
-    with counted(alias) as seen:
+    with counted(alias, since=lambda: served.began) as seen:
         assert served.run() == 0
     if connections[alias].vendor == "postgresql":
         assert served.listener.listening
-        # Start-up reads the requests once; then only the beats (one statement each,
-        # with the live schedulers and the clock) and the stop.
+        # Its first look for requests (and the overrides with it); then only the
+        # beats, each one statement with the live schedulers and the clock; the stop.
         assert seen["runrequest"] == 1, seen
-        assert seen["jobstate"] == 2, seen  # at start, and that first poll
-        assert 5 <= seen["_scheduler"] <= 9, seen
+        assert seen["jobstate"] == 1, seen
+        assert 5 <= seen["all"] <= 3 / 0.5 + 4, seen
     else:
         assert not served.listener.wanted
-        assert seen["runrequest"] >= 8, seen  # a poll every 0.25 s
-        assert seen["_scheduler"] >= 10, seen  # each beat: an UPDATE and the live list
+        assert_looks(seen, 3, 0.25)
+
+
+def test_a_scheduler_told_not_to_listen_looks_on_postgresql_as_elsewhere(
+    postgres_alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PgBouncer in transaction mode: the beat carries the look (INSERT ... ON CONFLICT
+    ... RETURNING) as on SQLite."""
+    fast_beats(monkeypatch, beat=0.5, poll=0.25)
+    with override_settings(EXCLUSIVE_JOBS={"LISTEN": False}):
+        served = quick_scheduler(postgres_alias, run_for=3)
+        with counted(postgres_alias, since=lambda: served.began) as seen:
+            assert served.run() == 0
+    assert not served.listener.wanted
+    assert_looks(seen, 3, 0.25)
 
 
 def operator(do: Callable[[], object], when: Callable[[], bool]) -> threading.Thread:
@@ -92,52 +125,66 @@ def operator(do: Callable[[], object], when: Callable[[], bool]) -> threading.Th
     return thread
 
 
-@pytest.fixture
-def postgres_alias(alias: str) -> str:
-    if connections[alias].vendor != "postgresql":
-        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; elsewhere the scheduler polls")
-    return alias
-
-
 def asleep(served: Scheduler) -> Callable[[], bool]:
     """It listens, and has read what waited: the next read is at a NOTIFY."""
     return lambda: served.listener.listening and served.next_poll == float("inf")
 
 
-def test_a_run_asked_for_now_starts_at_the_notify_not_at_a_poll(
-    postgres_alias: str, monkeypatch: pytest.MonkeyPatch
+def told(alias: str, listen: bool) -> bool:
+    """``EXCLUSIVE_JOBS["LISTEN"]`` for this test; listening needs PostgreSQL."""
+    if listen and connections[alias].vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; elsewhere the scheduler polls")
+    return listen
+
+
+def ready(served: Scheduler, listen: bool) -> Callable[[], bool]:
+    """Listening: it listens, and has read what waited (the next read is at a NOTIFY).
+    Polling: it has looked once."""
+    if listen:
+        return lambda: served.listener.listening and served.next_poll == float("inf")
+    return lambda: served.overrides_seen is not None
+
+
+@pytest.mark.parametrize("listen", [True, False], ids=["listening", "polling"])
+def test_a_run_asked_for_now_starts_at_its_notify_or_at_the_next_look(
+    alias: str, listen: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The poll would come after a minute: the run starts within the scheduler's 30 s
-    only if the NOTIFY woke it."""
-    alias = postgres_alias
-    fast_beats(monkeypatch, beat=10, poll=60)
-    served = quick_scheduler(alias, run_for=30, max_runs=1)
-    ask = operator(lambda: control.request_run("quick", by="ops", using=alias), asleep(served))
-    assert served.run() == 0
-    ask.join(timeout=5)
+    """Listening, the poll would come after a minute: the run starts within the
+    scheduler's 30 s only if the NOTIFY woke it. Polling: at the next look (0.5 s)."""
+    fast_beats(monkeypatch, beat=10, poll=60 if told(alias, listen) else 0.5)
+    with override_settings(EXCLUSIVE_JOBS={"LISTEN": listen}):
+        served = quick_scheduler(alias, run_for=30, max_runs=1)
+        ask = control.request_run
+        asking = operator(lambda: ask("quick", by="ops", using=alias), ready(served, listen))
+        assert served.run() == 0
+    asking.join(timeout=5)
     assert served.ended_runs == 1
     [run] = JobRun.objects.using(alias).filter(name="quick")
     assert (run.status, run.requested_by) == ("succeeded", "ops")
 
 
-def test_an_override_is_followed_at_its_notify(
-    postgres_alias: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("listen", [True, False], ids=["listening", "polling"])
+def test_an_override_is_followed_at_its_notify_or_at_the_next_look(
+    alias: str, listen: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    alias = postgres_alias
-    fast_beats(monkeypatch, beat=10, poll=60)
-    served = quick_scheduler(alias, run_for=30)
+    """Then back to the code, followed too: the look sees the overrides' text change."""
+    fast_beats(monkeypatch, beat=10, poll=60 if told(alias, listen) else 0.5)
     job = get_job("quick")
     assert job is not None
 
     def change() -> None:
         overrides.override(job, {"timeout": 5.0}, reason="slow disk", by="ops", using=alias)
         wait_for(lambda: served.served.applied.get("quick") == {"timeout": 5.0}, timeout=20)
+        overrides.back_to_code(job, reason="disk replaced", by="ops", using=alias)
+        wait_for(lambda: served.served.applied.get("quick") == {}, timeout=20)
         served.stop()
 
-    change_it = operator(change, asleep(served))
-    assert served.run() == 0
-    change_it.join(timeout=5)
-    assert served.served.applied.get("quick") == {"timeout": 5.0}
+    with override_settings(EXCLUSIVE_JOBS={"LISTEN": listen}):
+        served = quick_scheduler(alias, run_for=30)
+        changing = operator(change, ready(served, listen))
+        assert served.run() == 0
+    changing.join(timeout=5)
+    assert served.served.applied.get("quick") == {}
     assert served.stops == 1  # stopped by the operator's thread, not by run_for
 
 
@@ -156,7 +203,7 @@ def test_a_scheduler_whose_connection_was_cut_listens_again(
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
         control.request_run("quick", by="ops", using=alias)
 
-    cut = operator(cut_then_ask, asleep(served))
+    cut = operator(cut_then_ask, ready(served, listen=True))
     assert served.run() == 0
     cut.join(timeout=5)
     assert served.ended_runs == 1
@@ -175,3 +222,24 @@ def test_it_polls_behind_pgbouncer_in_transaction_mode_or_when_told(
     monkeypatch.delitem(connections[alias].settings_dict, "DISABLE_SERVER_SIDE_CURSORS")
     with override_settings(EXCLUSIVE_JOBS={"LISTEN": False}):
         assert not can_listen(alias)
+
+
+def test_a_beat_that_looks_writes_its_row_if_missing_and_its_beat_if_not(alias: str) -> None:
+    """The beat's upsert (models/beats.py) on its own: the row the first time, with what
+    the ORM would write; then only the beat and the free capacity."""
+    from django_exclusive_jobs.models import RunRequest, beats
+
+    row = {"instance": "i-1", "host": "web-1", "pid": 42, "version": "1", "jobs": ["quick"]}
+    RunRequest.objects.using(alias).create(name="quick", requested_by="ops", requested_at=now())
+    first = beats.beat_and_look(alias, {**row, "free": 3}, ["quick", "digest"])
+    if first is None:
+        pytest.skip("an upsert cannot return here (MySQL): the beat is written apart")
+    [written] = SchedulerRow.objects.using(alias).all()
+    assert (written.host, written.pid, written.jobs, written.free) == ("web-1", 42, ["quick"], 3)
+    assert written.stopped_at is None and written.acknowledged_by == ""
+    assert (first.waiting, first.overrides) == (1, "")
+    second = beats.beat_and_look(alias, {**row, "free": 1}, ["quick"])
+    assert second is not None and second.waiting == 1
+    [beaten] = SchedulerRow.objects.using(alias).all()
+    assert beaten.free == 1 and beaten.started_at == written.started_at
+    assert beaten.last_beat_at >= written.last_beat_at

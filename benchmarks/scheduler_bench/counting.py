@@ -34,9 +34,13 @@ _mutex = threading.Lock()
 
 
 def kind_of(sql: str) -> str:
-    """E.g. ``UPDATE lock``, ``INSERT run``, ``SELECT clock``."""
+    """E.g. ``UPDATE lock``, ``INSERT run``, ``SELECT clock``; the scheduler's look for
+    requests and overrides (models/beats.py) is ``SELECT look``, or ``INSERT beat+look``
+    when its beat carries it."""
     verb = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else "?"
     lowered = sql.lower()
+    if "runrequest" in lowered and "jobstate" in lowered and "_scheduler" in lowered:
+        return f"{verb} beat+look" if verb == "INSERT" else f"{verb} look"
     for needle, table in TABLES:
         if needle in lowered:
             return f"{verb} {table}"

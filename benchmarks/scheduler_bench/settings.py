@@ -2,7 +2,8 @@
 
 ``postgresql`` (127.0.0.1:5432, user postgres) or ``mysql`` (MariaDB/MySQL on
 127.0.0.1:3306, user root); the database is ``bench_scheduler`` on either, which
-``bench_scheduler.py`` creates and migrates.
+``bench_scheduler.py`` creates and migrates. ``sqlite``: the file ``$BENCH_SQLITE``
+(``/tmp/bench_scheduler.sqlite3``), for the idle measurement.
 """
 
 from __future__ import annotations
@@ -41,5 +42,14 @@ elif _backend == "mysql":
             "OPTIONS": {"charset": "utf8mb4"},
         }
     }
+elif _backend == "sqlite":
+    # One file that every scheduler process of the run shares (one machine), in WAL mode.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("BENCH_SQLITE", "/tmp/bench_scheduler.sqlite3"),
+            "OPTIONS": {"init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
 else:
-    raise RuntimeError(f"BENCH_BACKEND must be postgresql or mysql, not {_backend!r}")
+    raise RuntimeError(f"BENCH_BACKEND must be postgresql, mysql or sqlite, not {_backend!r}")

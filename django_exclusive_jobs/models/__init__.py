@@ -15,6 +15,7 @@ run's modules ask these by name; none builds its own queryset chain.
 ``jobs.py``         ``JobState`` (pauses, overrides) and ``JobChange`` (the audit)
 ``requests.py``     ``RunRequest``: run now, backfills, stops
 ``statements.py``   the history's hot-path statements, sent through Django's cursor
+``beats.py``        the scheduler's own statements: its beat, its look for changes
 ==================  ================================================================
 
 Everything here imports nothing above it: the clock, the run states, the base.

@@ -4,14 +4,13 @@ state (:class:`SchedulerState`, :func:`scheduler_states`) on the database's cloc
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any, ClassVar
 
-from django.db import connections, models
+from django.db import models
 from django.db.models import Case, Exists, OuterRef, Q, Value, When
 from django.utils.translation import gettext_lazy as _
 
-from ..lock.clock import now_plus, now_sql
+from ..lock.clock import now_plus
 
 
 class SchedulerState(models.TextChoices):
@@ -81,39 +80,6 @@ class SchedulerQuerySet(models.QuerySet["Scheduler"]):
         """Write the beat (``values``: ``last_beat_at``, ``free``) on the row of the
         scheduler ``instance``; how many rows it changed (0: it has no row yet)."""
         return self.filter(instance=instance).update(**values)
-
-    def beat_and_read(
-        self, instance: str, free: int | None, *, forget: bool = False
-    ) -> tuple[int, Any, list[tuple[str, list[str] | None, int | None]]]:
-        """PostgreSQL: the beat of ``instance``, the live schedulers and the database's
-        time in one statement (how many rows the beat changed: 0, it has no row yet;
-        the time, as the driver reads it; each live row's instance, jobs and free, as
-        before the beat). ``forget``: also delete the forgotten rows (:meth:`forgotten`)."""
-        connection = connections[self.db]
-        qn = connection.ops.quote_name
-        now = now_sql(connection.vendor)
-        meta = self.model._meta
-        table = qn(meta.db_table)
-        column = {f.name: qn(f.column or f.name) for f in meta.concrete_fields}
-        live = self.alive().values("instance", "jobs", "free")
-        alive, alive_params = live.query.get_compiler(using=self.db).as_sql()
-        old, old_params = (
-            self.exclude(_remembered()).values("pk").query.get_compiler(using=self.db).as_sql()
-        )
-        deleted = f", gone AS (DELETE FROM {table} WHERE {column['id']} IN ({old}))"
-        sql = (
-            f"WITH beat AS (UPDATE {table} SET {column['last_beat_at']} = {now}, "
-            f"{column['free']} = %s WHERE {column['instance']} = %s RETURNING 1)"
-            f"{deleted if forget else ''} "
-            f"SELECT (SELECT COUNT(*) FROM beat), {now}, "
-            f"(SELECT COALESCE(JSON_AGG(alive), '[]') FROM ({alive}) alive)"
-        )
-        params = [free, instance, *(old_params if forget else ()), *alive_params]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            changed, at, rows = cursor.fetchone()
-        rows = json.loads(rows) if isinstance(rows, str) else rows
-        return changed, at, [(r["instance"], r["jobs"], r["free"]) for r in rows]
 
     def record_stop(self, instance: str, **values: Any) -> int:
         """Write the clean stop (``values``: ``last_beat_at``, ``stopped_at``) on the row

@@ -22,22 +22,28 @@ import os
 import signal
 import time
 from contextlib import suppress
+from typing import TYPE_CHECKING
 
 from ..lock.acquire import prepare_locks
 from ..lock.errors import LockDatabaseError
 from ..lock.retry import run_statement
 from ..logs import line
 from . import control, overrides
+from .heartbeat import Pulse
 from .process import Outcome, shut_down, warm_up
 from .running import Active
 from .shutdown import stop_on_signals
 from .starts import Starts
 from .upkeep import beat_seconds
 
+if TYPE_CHECKING:
+    from ..models import RunRequest
+
 logger = logging.getLogger("django_exclusive_jobs")
 
-# Seconds between two looks for runs asked for now and operators' changes (two queries):
-# always where it cannot listen, and on PostgreSQL while a request waits.
+# Seconds between two looks for runs asked for now and operators' changes (one query,
+# and one for what it found): always where it cannot listen, and on PostgreSQL while a
+# request waits.
 REQUEST_POLL = 5.0
 
 
@@ -117,22 +123,23 @@ class Scheduler(Starts):
             return
 
     def _start_requested(self) -> None:
-        """Every few seconds, one query for runs asked for now and backfilled slots
-        (``control.pending``: a job's slots oldest first); start those it can, one per
-        job at a time. A request with a slot runs as a backfill of that slot, or is used
-        up without a run if the slot has succeeded meanwhile (``history.claim``)."""
-        if self.stopping or not self._polls_requests or time.monotonic() < self.next_poll:
+        """Start the runs asked for now and the backfilled slots (``control.pending``: a
+        job's slots oldest first), those it can, one per job at a time, as it learns of
+        them (:meth:`_requests`). A request with a slot runs as a backfill of that slot,
+        or is used up without a run if the slot has succeeded meanwhile
+        (``history.claim``)."""
+        fresh, self.fresh_look = self.fresh_look, None
+        if self.stopping or not self._polls_requests:
+            return
+        if fresh is None and time.monotonic() < self.next_poll:
             return
         self.next_poll = time.monotonic() + REQUEST_POLL
         try:
             self._listen()  # again first, if its connection was cut: nothing is missed
-            self._read_overrides()
-            requests = control.pending(sorted(self.served.on_request), using=self.using)
+            requests = self._requests(fresh)
         except LockDatabaseError as exc:
             self._database_down(exc)
             return
-        if self.listener.listening and not requests:
-            self.next_poll = float("inf")  # until the next NOTIFY (listening.py)
         for request in requests:  # stops first: a full scheduler still honours them
             if request.stop_token is not None:
                 self._stop_asked(request)
@@ -145,6 +152,24 @@ class Scheduler(Starts):
                 continue  # waits until its row is put right
             if request.name not in self.running:
                 self._start(self.served.on_request[request.name], self.clock.now(), request=request)
+
+    def _requests(self, fresh: Pulse | None) -> list[RunRequest]:
+        """The requests waiting, having followed the operators' overrides. Listening
+        (PostgreSQL): both read at a NOTIFY, and while a request waits. Else one look
+        (``fresh``: the one the beat of this turn carried) says whether any waits and
+        whether an override changed; each is read only then."""
+        names = sorted(self.served.on_request)
+        if not self._looks:
+            self._read_overrides()
+            requests = control.pending(names, using=self.using)
+            if self.listener.listening and not requests:
+                self.next_poll = float("inf")  # until the next NOTIFY (listening.py)
+            return requests
+        look = fresh or self._look()
+        if look.overrides != self.overrides_seen:
+            self._read_overrides()
+            self.overrides_seen = look.overrides
+        return control.pending(names, using=self.using) if look.waiting else []
 
     def _read_overrides(self) -> None:
         """Follow each job's operators' override (one query, at each poll); a job whose

@@ -22,7 +22,7 @@ from ..logs import Line
 from ..models import RunRequest
 from ..models import Scheduler as SchedulerRow
 from . import overrides, spread, when
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, Pulse
 from .listening import Listener
 from .outage import Outage
 from .registry import Job
@@ -70,6 +70,10 @@ class Upkeep:
         self.heartbeat = Heartbeat(using, self.served.names)
         # PostgreSQL: woken by a NOTIFY for requests and operators' changes (listening.py).
         self.listener = Listener(using)
+        # Where it polls: the overrides' text its last look read, and a beat's look not
+        # yet used for the requests (scheduler.py).
+        self.overrides_seen: str | None = None
+        self.fresh_look: Pulse | None = None
         self.name = f"{process.host}:{process.pid}"  # as its heartbeat row names it
         self.outage = Outage(self.say)
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
@@ -125,15 +129,42 @@ class Upkeep:
         self.outage.ended()
         self.next_beat = time.monotonic() + beat_seconds()
 
+    @property
+    def _looks(self) -> bool:
+        """Whether it looks for requests and changes (polls), rather than listening."""
+        return self._polls_requests and not self.listener.wanted
+
     def _beat(self, sync: bool) -> None:
-        """The heartbeat and the live schedulers; ``sync``: the database's clock too. On
-        PostgreSQL one statement (heartbeat.py), elsewhere one each."""
-        pulse = self.heartbeat.beat(self.free)
+        """The heartbeat; ``sync``: the database's clock too. On PostgreSQL one statement
+        that reads the live schedulers and the clock (heartbeat.py). Where it polls, the
+        beat is that turn's look where the database can (:meth:`_looked`); else the beat,
+        and the live list read apart."""
+        names = self.served.names if self._looks and self.began else None
+        pulse = self.heartbeat.beat(self.free, names)
+        if pulse.waiting is not None:
+            self._looked(pulse, sync)
+            self.fresh_look = pulse  # this turn's look for requests (scheduler.py)
+            return
         if sync and pulse.clock is not None:
             self.clock.observe(*pulse.clock)
         elif sync:
             run_statement(self.using, self.clock.sync)
-        self.handoffs.peers = spread.peers(self.using, pulse.alive)
+        if pulse.alive is not None or names is None:
+            self.handoffs.peers = spread.peers(self.using, pulse.alive)
+
+    def _looked(self, pulse: Pulse, sync: bool) -> None:
+        """Take in what a look read: the clock (``sync``), the live schedulers (if read).
+        The requests and the overrides' text are the scheduler's (scheduler.py)."""
+        if sync and pulse.clock is not None:
+            self.clock.observe(*pulse.clock)
+        if pulse.alive is not None:
+            self.handoffs.peers = spread.peers(self.using, pulse.alive)
+
+    def _look(self) -> Pulse:
+        """Where it polls: one look (heartbeat.py), the clock read with it when due."""
+        pulse = self.heartbeat.look(self.served.names)
+        self._looked(pulse, sync=time.monotonic() - self.clock.synced_at > CLOCK_CHECK)
+        return pulse
 
     def _listen(self) -> None:
         """Listen (again, on a reopened connection), then read once what it may have
