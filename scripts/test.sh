@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
 
-ensure_system_packages libmariadb-dev pkg-config chromium libfaketime spin
+ensure_system_packages libmariadb-dev pkg-config chromium libfaketime spin pgbouncer
 ensure_postgres || [ -z "${CI:-}" ]
 ensure_mariadb || [ -z "${CI:-}" ]
 ensure_venv dev

@@ -119,6 +119,11 @@ for _alias, _config in _servers.items():
         UNAVAILABLE[_alias] = _reason
         continue
     DATABASES[_alias] = _config
+_bouncer = os.environ.get("EXCLUSIVE_JOBS_TEST_PGBOUNCER_PORT")
+if _bouncer and "postgres" in DATABASES:
+    # A process of the PgBouncer test: through PgBouncer in transaction mode, with
+    # Django's setting for it (docs/deploying.md).
+    DATABASES["postgres"].update(HOST="127.0.0.1", PORT=_bouncer, DISABLE_SERVER_SIDE_CURSORS=True)
 if "postgres" in DATABASES:
     # A second alias to the same database: the documented way to take locks while the
     # main alias is inside a transaction.

@@ -7,10 +7,16 @@ another thread plays the operator, on its own connection."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +32,11 @@ from django_exclusive_jobs.run.listening import Listener, can_listen
 from django_exclusive_jobs.run.registry import get_job
 from django_exclusive_jobs.run.scheduler import Scheduler
 
-from .test_command import wait_for
+from .helpers import reaped
+from .test_command import marker, wait_for
+from .test_scheduler import scheduler_env, start_scheduler, stop
+
+__all__ = ["marker"]  # a fixture
 
 
 @contextmanager
@@ -243,3 +253,66 @@ def test_a_beat_that_looks_writes_its_row_if_missing_and_its_beat_if_not(alias: 
     [beaten] = SchedulerRow.objects.using(alias).all()
     assert beaten.free == 1 and beaten.started_at == written.started_at
     assert beaten.last_beat_at >= written.last_beat_at
+
+
+# --- behind a real PgBouncer in transaction mode ------------------------------------------
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
+@pytest.fixture
+def pgbouncer() -> Iterator[tuple[int, Path]]:
+    """PgBouncer on a free port, transaction pooling, in front of the test server: its
+    port and its log."""
+    assert os.path.exists(PGBOUNCER), "pgbouncer is missing (scripts/test.sh installs it)"
+    home = Path(tempfile.mkdtemp(prefix="pgbouncer-"))  # not under pytest's 0700 root
+    home.chmod(0o777)  # it drops root for the postgres user
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = home / "pgbouncer.log"
+    (home / "pgbouncer.ini").write_text(
+        "[databases]\n* = host=127.0.0.1 port=5432 user=postgres\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n"
+        "auth_type = any\npool_mode = transaction\n"
+        f"unix_socket_dir =\nlogfile = {log}\npidfile = {home / 'pgbouncer.pid'}\n"
+    )
+    process = subprocess.Popen([PGBOUNCER, "-u", "postgres", str(home / "pgbouncer.ini")])
+    try:
+
+        def listening() -> bool:
+            with socket.socket() as client:
+                return client.connect_ex(("127.0.0.1", port)) == 0
+
+        wait_for(listening, timeout=30)
+        yield port, log
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_behind_pgbouncer_a_scheduler_looks_for_what_is_asked_and_runs_it(
+    postgres_alias: str, marker: Path, pgbouncer: tuple[int, Path]
+) -> None:
+    """A real ``exclusive_scheduler`` whose database goes through PgBouncer in
+    transaction mode, with ``DISABLE_SERVER_SIDE_CURSORS`` (the documented settings): it
+    does not listen (a LISTEN would stay on one of PgBouncer's server connections), it
+    looks; a run asked for now (by an operator connected directly) runs within its look."""
+    alias = postgres_alias
+    port, log = pgbouncer
+    env = scheduler_env(marker, CI="1", EXCLUSIVE_JOBS_TEST_PGBOUNCER_PORT=str(port))
+    with reaped() as started:
+        server = start_scheduler(started, alias, "--jobs", "digest", env=env)
+        wait_for(lambda: SchedulerRow.objects.using(alias).alive().exists(), timeout=60)
+        control.request_run("digest", by="ops", using=alias)
+        done = JobRun.objects.using(alias).filter(name="digest", requested_by="ops")
+        wait_for(done.filter(status="succeeded").exists, timeout=30)
+        out, err = stop(server)
+    [run] = done
+    assert run.pid == server.pid, out + err
+    [row] = SchedulerRow.objects.using(alias).all()
+    assert row.stopped_at is not None
+    database = connections[alias].settings_dict["NAME"]
+    assert f"db={database}" in log.read_text(), "the scheduler did not go through PgBouncer"
