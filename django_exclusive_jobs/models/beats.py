@@ -56,13 +56,16 @@ def _quoted(using: str) -> tuple[str, dict[str, str]]:
 
 
 def beat_and_read(
-    using: str, instance: str, free: int | None, *, forget: bool = False
-) -> tuple[int, Any, Alive]:
-    """PostgreSQL: the beat of ``instance``, the live schedulers and the database's
-    time in one statement (how many rows the beat changed: 0, it has no row yet;
-    the time, as the driver reads it; each live row's instance, jobs and free, as
-    before the beat). ``forget``: also delete the forgotten rows."""
+    using: str, instance: str, free: int | None, names: list[str], *, forget: bool = False
+) -> tuple[int, Alive, Look]:
+    """PostgreSQL: the beat of ``instance``, the live schedulers and a look for what
+    changed for the jobs ``names`` in one statement: how many rows the beat changed (0:
+    it has no row yet), each live row's instance, jobs and free as before the beat, and
+    the look (without the live list). The look is the listening scheduler's safety net:
+    a row written without a NOTIFY (by hand, by SQL) is seen within a beat.
+    ``forget``: also delete the forgotten rows."""
     rows = Scheduler.objects.using(using)
+    looked, looked_params = _looked_for(using, names)
     now = now_sql("postgresql")
     table, column = _quoted(using)
     alive, alive_params = _compiled(rows.alive().values("instance", "jobs", "free"))
@@ -72,15 +75,16 @@ def beat_and_read(
         f"WITH beat AS (UPDATE {table} SET {column['last_beat_at']} = {now}, "
         f"{column['free']} = %s WHERE {column['instance']} = %s RETURNING 1)"
         f"{deleted if forget else ''} "
-        f"SELECT (SELECT COUNT(*) FROM beat), {now}, "
-        f"(SELECT COALESCE(JSON_AGG(alive), '[]') FROM ({alive}) alive)"
+        f"SELECT (SELECT COUNT(*) FROM beat), "
+        f"(SELECT COALESCE(JSON_AGG(alive), '[]') FROM ({alive}) alive), {looked}"
     )
-    params = [free, instance, *(old_params if forget else ()), *alive_params]
+    params = [free, instance, *(old_params if forget else ()), *alive_params, *looked_params]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
-        changed, at, found = cursor.fetchone()
+        changed, found, waiting, overrides, at = cursor.fetchone()
     found = json.loads(found) if isinstance(found, str) else found
-    return changed, at, [(r["instance"], r["jobs"], r["free"]) for r in found]
+    live: Alive = [(r["instance"], r["jobs"], r["free"]) for r in found]
+    return changed, live, Look(waiting, overrides or "", at)
 
 
 def _looked_for(using: str, names: list[str]) -> tuple[str, tuple[Any, ...]]:

@@ -70,15 +70,21 @@ class Heartbeat:
     ) -> tuple[dt.datetime, float, float, float]:
         return (database_time(connections[self.using], at), before, after, wall)
 
-    def beat(self, free: int | None = None, names: list[str] | None = None) -> Pulse:
+    def beat(
+        self,
+        free: int | None = None,
+        names: list[str] | None = None,
+        looked_for: list[str] | None = None,
+    ) -> Pulse:
         """Say "alive" now, and how many more runs it could start (``free``, which work
         spread weighs: spread.py); with ``names`` (it polls), look for what changed for
-        those jobs in the same statement where the database can. May raise
-        ``LockDatabaseError`` (the caller retries)."""
+        those jobs in the same statement where the database can; with ``looked_for``
+        (PostgreSQL, listening), the live list, the clock and a look for those jobs in
+        the same statement. May raise ``LockDatabaseError`` (the caller retries)."""
         forget = self.beats % FORGET_EVERY == 0
         self.beats += 1
-        if connections[self.using].vendor == "postgresql" and names is None:
-            return self._beat_and_read(free, forget)
+        if connections[self.using].vendor == "postgresql" and looked_for is not None:
+            return self._beat_and_read(free, looked_for, forget)
         if forget:
             run_statement(self.using, lambda: self._rows().forgotten().delete())
         if names is not None:
@@ -105,17 +111,19 @@ class Heartbeat:
         clock = self._clock(looked.at, *timing)
         return Pulse(looked.alive, clock, looked.waiting, looked.overrides)
 
-    def _beat_and_read(self, free: int | None, forget: bool) -> Pulse:
-        """The beat, the live list and the clock: one statement (PostgreSQL)."""
+    def _beat_and_read(self, free: int | None, names: list[str], forget: bool) -> Pulse:
+        """The beat, the live list, the clock and a look: one statement (PostgreSQL)."""
         from ..models import beats
 
-        read = lambda: beats.beat_and_read(self.using, process.instance, free, forget=forget)  # noqa: E731
-        (changed, at, alive), *timing = self._timed(read)
+        def read() -> tuple[int, Alive, beats.Look]:
+            return beats.beat_and_read(self.using, process.instance, free, names, forget=forget)
+
+        (changed, alive, looked), *timing = self._timed(read)
         if not changed:
             self._first(free)
         elif not any(instance == process.instance for instance, _, _ in alive):
             alive.append((process.instance, self.jobs, free))  # its row, stale before the beat
-        return Pulse(alive, self._clock(at, *timing))
+        return Pulse(alive, self._clock(looked.at, *timing), looked.waiting, looked.overrides)
 
     def _first(self, free: int | None) -> None:
         """The first beat: its row."""

@@ -135,10 +135,15 @@ class Upkeep:
         return self._polls_requests and not self.listener.wanted
 
     def _beat(self, sync: bool) -> None:
-        """The heartbeat; ``sync``: the database's clock too. On PostgreSQL one statement
-        that reads the live schedulers and the clock (heartbeat.py). Where it polls, the
-        beat is that turn's look where the database can (:meth:`_looked`); else the beat,
-        and the live list read apart."""
+        """The heartbeat; ``sync``: the database's clock too. Listening (PostgreSQL): one
+        statement that reads the live schedulers, the clock and a look too (heartbeat.py;
+        :meth:`_noticed`). Where it polls, the beat is that turn's look where the
+        database can (:meth:`_looked`); else the beat, and the live list read apart."""
+        if self.listener.wanted:
+            pulse = self.heartbeat.beat(self.free, looked_for=self.served.names)
+            self._looked(pulse, sync)
+            self._noticed(pulse)
+            return
         names = self.served.names if self._looks and self.began else None
         pulse = self.heartbeat.beat(self.free, names)
         if pulse.waiting is not None:
@@ -159,6 +164,16 @@ class Upkeep:
             self.clock.observe(*pulse.clock)
         if pulse.alive is not None:
             self.handoffs.peers = spread.peers(self.using, pulse.alive)
+
+    def _noticed(self, pulse: Pulse) -> None:
+        """Listening: what the beat's look found that no NOTIFY told of (a row written
+        by hand, say): an override's text that changed since the last beat, a request
+        waiting while it waits for a NOTIFY. Read at once, then."""
+        if self.overrides_seen is not None and pulse.overrides != self.overrides_seen:
+            self.next_poll = 0.0
+        if pulse.waiting and self.next_poll == float("inf"):
+            self.next_poll = 0.0
+        self.overrides_seen = pulse.overrides
 
     def _look(self) -> Pulse:
         """Where it polls: one look (heartbeat.py), the clock read with it when due."""
