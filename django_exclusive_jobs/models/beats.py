@@ -84,7 +84,7 @@ def beat_and_read(
         changed, found, waiting, overrides, at = cursor.fetchone()
     found = json.loads(found) if isinstance(found, str) else found
     live: Alive = [(r["instance"], r["jobs"], r["free"]) for r in found]
-    return changed, live, Look(waiting, overrides or "", at)
+    return changed, live, Look(int(waiting), overrides or "", at)
 
 
 def _looked_for(using: str, names: list[str]) -> tuple[str, tuple[Any, ...]]:
@@ -118,11 +118,16 @@ def look(using: str, names: list[str], *, alive: bool = True) -> Look:
         first, *others = cursor.fetchall()
     jobs = Scheduler._meta.get_field("jobs")
     connection = connections[using]
+    # A UNION's column takes a type of both branches: MariaDB returns free as a decimal.
     found = [
-        (instance, jobs.from_db_value(raw, None, connection), free)  # type: ignore[arg-type]
+        (instance, jobs.from_db_value(raw, None, connection), _integer(free))  # type: ignore[arg-type]
         for _, _, _, instance, raw, free in others
     ]
-    return Look(first[0], first[1] or "", first[2], found if alive else None)
+    return Look(int(first[0]), first[1] or "", first[2], found if alive else None)
+
+
+def _integer(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def beat_and_look(using: str, row: dict[str, Any], names: list[str]) -> Look | None:
@@ -159,4 +164,4 @@ def beat_and_look(using: str, row: dict[str, Any], names: list[str]) -> Look | N
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *looked_params])
         waiting, overrides, at = cursor.fetchone()
-    return Look(waiting, overrides or "", at)
+    return Look(int(waiting), overrides or "", at)

@@ -259,6 +259,10 @@ class Upkeep:
         self.due.pop(name, None)
         self.handoffs.forget(name)
         self.served.misconfigure(name, reason)
+        # A start may have read a row it has not followed yet (written without a
+        # NOTIFY, between two looks): follow it now, so that the row that puts it right
+        # is seen as a change.
+        self.next_poll, self.overrides_seen = 0.0, None
 
     def _next(self, job: Job, request: RunRequest | None, at: dt.datetime | None) -> None:
         """Set when ``job`` is due next (a run asked for now leaves it as it was)."""
