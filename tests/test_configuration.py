@@ -67,6 +67,7 @@ CHECK_CASES = [
     pytest.param({"RUNNING_LONG_FACTOR": 1}, "django_exclusive_jobs.E010", id="factor-one"),
     pytest.param({"RUNNING_LONG_FACTOR": "3"}, "django_exclusive_jobs.E010", id="factor-string"),
     pytest.param({"BUSY_TIMEOUT": -1}, "django_exclusive_jobs.E011", id="negative-busy-timeout"),
+    pytest.param({"LISTEN": "yes"}, "django_exclusive_jobs.E018", id="listen-not-bool"),
     pytest.param({"PREPARE_STATEMENTS": True}, "django_exclusive_jobs.W002", id="gone-prepare"),
     pytest.param({"SQLITE_BUSY_TIMEOUT": 5}, "django_exclusive_jobs.W002", id="renamed-busy"),
 ]
