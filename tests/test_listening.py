@@ -109,8 +109,8 @@ def test_an_idle_scheduler_sends_one_statement_a_beat_or_a_look(
 def test_a_scheduler_told_not_to_listen_looks_on_postgresql_as_elsewhere(
     postgres_alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PgBouncer in transaction mode: the beat carries the look (INSERT ... ON CONFLICT
-    ... RETURNING) as on SQLite."""
+    """PgBouncer in transaction mode: a look every poll, every other one carried by the
+    beat's statement, as on SQLite."""
     fast_beats(monkeypatch, beat=0.5, poll=0.25)
     with override_settings(EXCLUSIVE_JOBS={"LISTEN": False}):
         served = quick_scheduler(postgres_alias, run_for=3)

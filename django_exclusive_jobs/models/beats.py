@@ -7,7 +7,8 @@ data-modifying CTE); the scheduler listens for everything else. Where it polls i
 jobs wait, their operators' overrides as text (a change shows as other text: then the
 rows are read) and the clock, and the live schedulers too (``UNION ALL`` rows); on a
 beat's turn the beat is the look (an upsert with ``RETURNING``: MariaDB 10.5+, SQLite
-3.35+). Every filter here is compiled from its one definition in the models.
+3.35+; on PostgreSQL the beat's statement carries it). Every filter here is compiled
+from its one definition in the models.
 """
 
 from __future__ import annotations
@@ -69,16 +70,18 @@ def beat_and_read(
     now = now_sql("postgresql")
     table, column = _quoted(using)
     alive, alive_params = _compiled(rows.alive().values("instance", "jobs", "free"))
-    old, old_params = _compiled(rows.exclude(_remembered()).values("pk"))
-    deleted = f", gone AS (DELETE FROM {table} WHERE {column['id']} IN ({old}))"
+    deleted, old_params = "", ()
+    if forget:
+        old, old_params = _compiled(rows.exclude(_remembered()).values("pk"))
+        deleted = f", gone AS (DELETE FROM {table} WHERE {column['id']} IN ({old}))"
     sql = (
         f"WITH beat AS (UPDATE {table} SET {column['last_beat_at']} = {now}, "
         f"{column['free']} = %s WHERE {column['instance']} = %s RETURNING 1)"
-        f"{deleted if forget else ''} "
+        f"{deleted} "
         f"SELECT (SELECT COUNT(*) FROM beat), "
         f"(SELECT COALESCE(JSON_AGG(alive), '[]') FROM ({alive}) alive), {looked}"
     )
-    params = [free, instance, *(old_params if forget else ()), *alive_params, *looked_params]
+    params = [free, instance, *old_params, *alive_params, *looked_params]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
         changed, found, waiting, overrides, at = cursor.fetchone()
@@ -103,18 +106,17 @@ def _looked_for(using: str, names: list[str]) -> tuple[str, tuple[Any, ...]]:
     return sql, waiting_params + states_params
 
 
-def look(using: str, names: list[str], *, alive: bool = True) -> Look:
-    """One statement: what waits for these jobs, their overrides, the time; ``alive``:
-    the live schedulers too, one row each after the first."""
+def look(using: str, names: list[str]) -> Look:
+    """One statement: what waits for these jobs, their overrides, the time, and the
+    live schedulers, one row each after the first."""
     looked, params = _looked_for(using, names)
-    sql = f"SELECT {looked}, NULL, NULL, NULL"
-    if alive:
-        rows = Scheduler.objects.using(using).alive().values("instance", "jobs", "free")
-        live, live_params = _compiled(rows)
-        sql += f" UNION ALL SELECT NULL, NULL, NULL, a.* FROM ({live}) a"
-        params += live_params
+    rows = Scheduler.objects.using(using).alive().values("instance", "jobs", "free")
+    live, live_params = _compiled(rows)
+    sql = (
+        f"SELECT {looked}, NULL, NULL, NULL UNION ALL SELECT NULL, NULL, NULL, a.* FROM ({live}) a"
+    )
     with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, params + live_params)
         first, *others = cursor.fetchall()
     jobs = Scheduler._meta.get_field("jobs")
     connection = connections[using]
@@ -123,7 +125,7 @@ def look(using: str, names: list[str], *, alive: bool = True) -> Look:
         (instance, jobs.from_db_value(raw, None, connection), _integer(free))  # type: ignore[arg-type]
         for _, _, _, instance, raw, free in others
     ]
-    return Look(int(first[0]), first[1] or "", first[2], found if alive else None)
+    return Look(int(first[0]), first[1] or "", first[2], found)
 
 
 def _integer(value: Any) -> int | None:

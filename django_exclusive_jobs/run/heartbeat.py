@@ -70,28 +70,21 @@ class Heartbeat:
     ) -> tuple[dt.datetime, float, float, float]:
         return (database_time(connections[self.using], at), before, after, wall)
 
-    def beat(
-        self,
-        free: int | None = None,
-        names: list[str] | None = None,
-        looked_for: list[str] | None = None,
-    ) -> Pulse:
+    def beat(self, free: int | None = None, names: list[str] | None = None) -> Pulse:
         """Say "alive" now, and how many more runs it could start (``free``, which work
-        spread weighs: spread.py); with ``names`` (it polls), look for what changed for
-        those jobs in the same statement where the database can; with ``looked_for``
-        (PostgreSQL, listening), the live list, the clock and a look for those jobs in
-        the same statement. May raise ``LockDatabaseError`` (the caller retries)."""
+        spread weighs: spread.py); with ``names``, look for what changed for those jobs
+        in the same statement where the database can (PostgreSQL: with the live list
+        and the clock too). May raise ``LockDatabaseError`` (the caller retries)."""
         forget = self.beats % FORGET_EVERY == 0
         self.beats += 1
-        if connections[self.using].vendor == "postgresql" and looked_for is not None:
-            return self._beat_and_read(free, looked_for, forget)
+        if connections[self.using].vendor == "postgresql" and names is not None:
+            return self._beat_and_read(free, names, forget)
         if forget:
             run_statement(self.using, lambda: self._rows().forgotten().delete())
         if names is not None:
             from ..models import beats
 
-            row = {"instance": process.instance, "host": process.host, "pid": process.pid,
-                   "version": __version__, "jobs": self.jobs, "free": free}  # fmt: skip
+            row = self._row(free)
             looked, *timing = self._timed(lambda: beats.beat_and_look(self.using, row, names))
             if looked is not None:
                 clock = self._clock(looked.at, *timing)
@@ -125,21 +118,15 @@ class Heartbeat:
             alive.append((process.instance, self.jobs, free))  # its row, stale before the beat
         return Pulse(alive, self._clock(looked.at, *timing), looked.waiting, looked.overrides)
 
+    def _row(self, free: int | None) -> dict[str, Any]:
+        """What its row says of it (beside the times its first beat writes)."""
+        return {"instance": process.instance, "host": process.host, "pid": process.pid,
+                "version": __version__, "jobs": self.jobs, "free": free}  # fmt: skip
+
     def _first(self, free: int | None) -> None:
         """The first beat: its row."""
-        run_statement(
-            self.using,
-            lambda: self._rows().create(
-                instance=process.instance,
-                host=process.host,
-                pid=process.pid,
-                version=__version__,
-                jobs=self.jobs,
-                free=free,
-                started_at=DatabaseNow(),
-                last_beat_at=DatabaseNow(),
-            ),
-        )
+        row = {**self._row(free), "started_at": DatabaseNow(), "last_beat_at": DatabaseNow()}
+        run_statement(self.using, lambda: self._rows().create(**row))
 
     def stopped(self) -> None:
         """Mark this scheduler stopped (a clean exit), so it is not mistaken for a crash."""

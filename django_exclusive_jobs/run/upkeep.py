@@ -135,26 +135,21 @@ class Upkeep:
         return self._polls_requests and not self.listener.wanted
 
     def _beat(self, sync: bool) -> None:
-        """The heartbeat; ``sync``: the database's clock too. Listening (PostgreSQL): one
-        statement that reads the live schedulers, the clock and a look too (heartbeat.py;
-        :meth:`_noticed`). Where it polls, the beat is that turn's look where the
-        database can (:meth:`_looked`); else the beat, and the live list read apart."""
-        if self.listener.wanted:
-            pulse = self.heartbeat.beat(self.free, looked_for=self.served.names)
-            self._looked(pulse, sync)
-            self._noticed(pulse)
-            return
-        names = self.served.names if self._looks and self.began else None
+        """The heartbeat; ``sync``: the database's clock too. It carries a look where
+        the database can (heartbeat.py; on PostgreSQL the live list and the clock too):
+        listening, the look is its safety net (:meth:`_noticed`); polling, it is that
+        turn's look for requests. Else the beat alone, and the rest read apart."""
+        looks = self.listener.wanted or (self._looks and self.began)
+        names = self.served.names if looks else None
         pulse = self.heartbeat.beat(self.free, names)
-        if pulse.waiting is not None:
-            self._looked(pulse, sync)
+        self._looked(pulse, sync)
+        if self.listener.wanted:
+            self._noticed(pulse)
+        elif pulse.waiting is not None:
             self.fresh_look = pulse  # this turn's look for requests (scheduler.py)
-            return
-        if sync and pulse.clock is not None:
-            self.clock.observe(*pulse.clock)
-        elif sync:
+        if sync and pulse.clock is None:
             run_statement(self.using, self.clock.sync)
-        if pulse.alive is not None or names is None:
+        if names is None:  # no look reads the live list for it
             self.handoffs.peers = spread.peers(self.using, pulse.alive)
 
     def _looked(self, pulse: Pulse, sync: bool) -> None:
