@@ -7,7 +7,7 @@ benchmark's 20 jobs loaded), then forks ``--runs`` children in a row for each va
 and prints the CPU time (user + system) per run of the children and of this process:
 
 - fork, then exit at once;
-- fork, fork the guard (``process._guard``), exit;
+- fork, start the guard (``guard.Guard``, a thread and a timer), end it, exit;
 - ``process.main`` as a run does it: the guard, the job, its report, exit.
 
 No database is touched (the benchmark's jobs append to a file only if told to). The
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("fork, exit", "fork, guard fork, exit", "process.main")
+VARIANTS = ("fork, exit", "fork, guard, exit", "process.main")
 
 
 def cpu(who: int) -> float:
@@ -38,16 +38,16 @@ def child(kind: str, report: socket.socket) -> None:
     """What one child does; never returns."""
     from multiprocessing.connection import Connection
 
+    from django_exclusive_jobs.run import guard as guards
     from django_exclusive_jobs.run import process
 
     connection = Connection(report.detach())
     if kind == "fork, exit":
         os._exit(0)
-    if kind == "fork, guard fork, exit":
-        limits = process._Limits(time.monotonic() + 60, 1.0, None)
-        guard, alive = process._guard(connection, limits)
-        os.close(alive)
-        os.waitpid(guard, 0)
+    if kind == "fork, guard, exit":
+        guard = guards.Guard(connection, guards.Limits(time.monotonic() + 60, 1.0, None))
+        guard.start()
+        guard.end()
         os._exit(0)
     slot = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     process.main("bench_000", slot, time.monotonic() + 60, 1.0, None, {}, {}, 1, report=connection)

@@ -31,6 +31,7 @@ from .test_scheduler import (
     assert_every_slot_once,
     executions,
     history,
+    process_gone,
     scheduler_env,
     start_scheduler,
     stop,
@@ -211,20 +212,45 @@ def test_a_frozen_schedulers_job_stops_before_its_lease_ends(alias: str, marker:
     assert past < 1.0, f"the recorded end is {past:.2f}s past the lease's"
 
 
+def test_a_job_holding_the_gil_still_stops_before_its_lease_ends(
+    postgres: str, marker: Path
+) -> None:
+    """A job in one long call into C holds the GIL, so its guard's thread cannot take in
+    the scheduler's renewals: the guard's timer (the kernel's, needing no GIL) ends the
+    job's process before the lease it knows of ends. The run is recorded lost, the
+    scheduler goes on, and the next slot runs. (One backend: the guard knows none.)"""
+    alias = postgres
+    with reaped() as started:
+        scheduler = start_scheduler(started, alias, "--jobs", "gil_hog", env=scheduler_env(marker))
+        runs = JobRun.objects.using(alias).filter(name="gil_hog")
+        wait_for(lambda: runs.exclude(status="running").exists(), timeout=60)
+        first = runs.exclude(status="running").order_by("slot").first()
+        assert first is not None
+        wait_for(lambda: runs.filter(slot__gt=first.slot).exists(), timeout=30)
+        stop(scheduler)
+    assert first.status == "lost", (first.status, first.error)
+    assert "no renewal reached" in first.error
+    pid = int(marker.read_text().split()[2])
+    assert process_gone(pid)
+    # Stopped at the end of the lease it knew of (3 s after its start at the latest).
+    assert first.duration is not None and first.duration < 3.0, first.duration
+
+
 def test_a_whole_frozen_tree_is_fenced_by_the_token(alias: str, marker: Path) -> None:
-    """SIGSTOP of the scheduler, its fork server, the job and its guard: nothing on this
-    machine runs to stop the job in time, so another server takes the lock with a higher
-    token (which a fenced write accepts instead of ours). When the job and its guard
-    resume (the scheduler still stopped), the guard stops the job at once."""
+    """SIGSTOP of the scheduler, its fork server and the job's process (its guard is a
+    thread of it): nothing on this machine runs to stop the job in time, so another
+    server takes the lock with a higher token (which a fenced write accepts instead of
+    ours). When the job's process resumes (the scheduler still stopped), its guard (the
+    thread, or the timer the kernel fires at the thaw) stops the job at once."""
     env = scheduler_env(marker, JOB_SECONDS="30")
     with reaped() as started:
         scheduler = start_scheduler(started, alias, "--jobs", "long_tick", env=env)
         wait_for(lambda: len(beats(marker)) >= 5, timeout=40)
         run = JobRun.objects.using(alias).get(name="long_tick", status="running")
-        [fork_server, *job_and_guard] = descendants(scheduler.pid)
-        assert len(job_and_guard) >= 2, job_and_guard
+        [fork_server, *job] = descendants(scheduler.pid)
+        assert len(job) == 1, job  # one process per run: no guard process beside it
         with frozen([scheduler.pid, fork_server]):
-            with frozen(job_and_guard):
+            with frozen(job):
                 time.sleep(4)
                 other = try_acquire("long_tick", using=alias, ttl=60)
                 assert other is not None, "the frozen holder's lease did not end"

@@ -30,7 +30,8 @@ EXIT_TIMED_OUT = 124  # as timeout(1)
 
 LEASE_ENDED = (
     "no renewal reached the job's process before its lease could end (the scheduler was "
-    "frozen or could not reach the database): the job was stopped before the lease's end"
+    "frozen or could not reach the database, or the job held the GIL in one long call "
+    "into C): the job was stopped before the lease's end"
 )
 
 

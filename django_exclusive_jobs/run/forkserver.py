@@ -263,6 +263,10 @@ def _reap(exits: dict[int, int]) -> None:
             return
         if pid == 0:
             return
+        # What the job started and left behind (its process group): a job ended by its
+        # guard's timer (see process.py) could not stop them itself.
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
         exit_write = exits.pop(pid, None)
         if exit_write is not None:
             with suppress(OSError):

@@ -7,26 +7,15 @@ and a hung job can be stopped, which a thread cannot be.
 
 Children come from a fork server that set Django up once (``forkserver.py``): a child
 starts in milliseconds, not the second a fresh interpreter and ``django.setup()`` take,
-and never inherits the scheduler's threads or database connections.
-
-Each child has a guard process (not a thread: a job holding the GIL would starve it)
-that stops the job's process group when the job may no longer run:
-
-* the scheduler is gone, even by ``kill -9`` (its end of the report connection closes):
-  SIGKILL at once;
-* the lease is about to end without a renewal having reached the guard (the scheduler is
-  frozen by SIGSTOP, a debugger or a stalled disk, or cannot reach the database): SIGTERM
-  a safety margin before the lease's end, SIGKILL half-way through the margin. The
-  scheduler forwards each renewal's new deadline (on the monotonic clock, which the
-  processes of one machine share). A whole machine that stops (a VM pause) stops the
-  guard too: the fencing token is what refuses that job's late writes;
-* the job passed its ``timeout``: SIGTERM, SIGKILL :data:`KILL_AFTER` seconds later.
+and never inherits the scheduler's threads or database connections. One process per
+run: the job's guard (``guard.py``), which stops it when it may no longer run (the
+scheduler gone, its lease ending without a renewal, its timeout), is a thread of it
+backed by the kernel's timer.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import sys
@@ -42,8 +31,9 @@ from django.db import connections
 
 from . import forkserver
 from .forkserver import ForkServer
+from .guard import STOPS, Guard, Limits, timeout_at
 from .registry import get_job
-from .shutdown import KILL_AFTER, Interrupted, stop_on_signals
+from .shutdown import Interrupted, stop_on_signals
 from .tasks import Enqueued
 from .tracebacks import TRACEBACK_LIMIT, bounded_traceback
 from .tracing import continued
@@ -65,9 +55,6 @@ def serve_forks(fd: int) -> None:
     """The fork server's entry (``ForkServer`` starts it): its loop, forking :func:`main`
     for each request."""
     forkserver.serve(fd, main)
-
-
-GUARD_TICK = 0.2  # seconds: how often a job's guard looks at the clock
 
 
 class JobFailed(Exception):
@@ -158,6 +145,8 @@ class JobProcess:
             theirs.close()
         self.stopped_at: float | None = None
         self.stopped_by: int | None = None
+        # What the guard's timer kills it at, to tell why when it did (see poll).
+        self._limits = Limits(deadline, margin, timeout_at(timeout))
         self._report: dict[str, Any] = {}
         self._reported = False  # the report pipe reached its end
         self._mutex = threading.Lock()
@@ -172,6 +161,7 @@ class JobProcess:
     def extend(self, deadline: float) -> None:
         """Tell the guard the lease now lasts until ``deadline`` (monotonic seconds)."""
         with self._mutex, suppress(OSError):
+            self._limits.deadline = max(self._limits.deadline, deadline)
             if not self.reader.closed:
                 self.reader.send({"lease_until": deadline})
 
@@ -188,6 +178,8 @@ class JobProcess:
             exitcode = self.child.exitcode = 0 if self._report.get("finished") else 1
         if exitcode is None:
             return None
+        if exitcode == -signal.SIGALRM and not {"lease_ended", "timed_out"} & set(self._report):
+            self._report.update(self._limits.passed())  # the guard's timer, not its thread
         with self._mutex:
             if self._killer is not None:
                 self._killer.cancel()
@@ -238,8 +230,8 @@ def main(
     history row records: a request's over the declared ones) and its fencing ``token``,
     and report how it went."""
     os.setsid()  # its own process group: a stop reaches the job's own children too
-    timeout_at = None if timeout is None else time.monotonic() + timeout
-    guard, job_alive = _guard(report, _Limits(deadline, margin, timeout_at))
+    guard = Guard(report, Limits(deadline, margin, timeout_at(timeout)))
+    guard.start()
     # SIGTERM, SIGINT: Interrupted raised in the job while it runs; once it has ended
     # they are held until the process exits (the guard's SIGKILL still ends it).
     said = execute(
@@ -254,7 +246,8 @@ def main(
         after_job=_hold_stops,
     )
     _hold_stops()  # the job raised or was interrupted: its report goes out all the same
-    report.send(said)
+    guard.send(said)
+    guard.end()
     with suppress(Exception):
         connections.close_all()
     code = 1  # it raised
@@ -264,9 +257,6 @@ def main(
         code = 128 + said["interrupted_by"]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.close(job_alive)  # the guard sees the job end, and exits
-    with suppress(ChildProcessError):
-        os.waitpid(guard, 0)
     os._exit(code)  # no atexit handlers of the fork server's
 
 
@@ -329,17 +319,7 @@ def _message(exc: BaseException) -> str:
 def _hold_stops() -> None:
     """The job has ended: SIGTERM and SIGINT are held until this process exits. A stop
     could now only turn what the job did into a kill (its spans' export, its report)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-
-
-@dataclass
-class _Limits:
-    """When a job must stop: its lease (``deadline``, renewed by the scheduler, less a
-    safety ``margin``) and its timeout (``timeout_at``). Monotonic seconds."""
-
-    deadline: float
-    margin: float
-    timeout_at: float | None
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
 
 
 def _traced(trace: dict[str, str], *, flush: bool) -> AbstractContextManager[None]:
@@ -349,68 +329,3 @@ def _traced(trace: dict[str, str], *, flush: bool) -> AbstractContextManager[Non
     if not trace:
         return nullcontext()
     return continued(trace, flush=flush)
-
-
-def _guard(connection: Connection, limits: _Limits) -> tuple[int, int]:
-    """Fork the guard that stops this process group when the job may no longer run.
-
-    It waits for the first of: the job's end (the pipe this process holds closes), the
-    scheduler's end (its end of the connection closes: SIGKILL at once), a new lease
-    deadline from the scheduler, ``deadline - margin`` (SIGTERM, then SIGKILL at
-    ``deadline - margin / 2``), or the timeout (SIGTERM, then SIGKILL after
-    :data:`KILL_AFTER`).
-    Returns the guard's pid and this process's pipe end.
-    """
-    job_alive_read, job_alive_write = os.pipe()
-    guard = os.fork()
-    if guard == 0:
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop is for the job
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            os.close(job_alive_write)
-            _watch(connection, job_alive_read, limits)
-        finally:
-            os._exit(0)
-    os.close(job_alive_read)
-    return guard, job_alive_write
-
-
-def _watch(connection: Connection, job_alive: int, limits: _Limits) -> None:
-    deadline, margin, timeout_at = limits.deadline, limits.margin, limits.timeout_at
-    renewed = True  # renewals count until the lease is given up for lost
-    kill_at = float("inf")
-    while True:
-        now = time.monotonic()
-        if renewed and now >= deadline - margin:
-            # No renewal reached us in time: the job must be gone before the lease can end.
-            renewed = False
-            _stop(connection, {"lease_ended": now})
-            kill_at = min(kill_at, deadline - margin / 2)
-        elif timeout_at is not None and now >= timeout_at:
-            timeout_at = None
-            _stop(connection, {"timed_out": now})
-            kill_at = min(kill_at, now + KILL_AFTER)
-        if now >= kill_at:
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-            return
-        # Short waits, each followed by a look at the clock: a wait of the whole time left
-        # would not count the time this process spent stopped (SIGSTOP, a VM paused).
-        tick = GUARD_TICK if kill_at == float("inf") else GUARD_TICK / 4
-        events = [kill_at, deadline - margin if renewed else kill_at, timeout_at or kill_at]
-        waits = [job_alive, connection.fileno()] if renewed else [job_alive]
-        ready, _, _ = select.select(waits, [], [], max(0.0, min(tick, min(events) - now)))
-        if job_alive in ready:
-            return
-        if connection.fileno() in ready:
-            try:
-                deadline = max(deadline, connection.recv()["lease_until"])
-            except (EOFError, OSError):  # the scheduler is gone, the job is not
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-                return
-
-
-def _stop(connection: Connection, why: dict[str, float]) -> None:
-    """Tell the scheduler why the job is stopped, and send its process group SIGTERM."""
-    with suppress(OSError):
-        connection.send(why)
-    os.killpg(os.getpgrp(), signal.SIGTERM)

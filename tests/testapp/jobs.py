@@ -154,6 +154,14 @@ if os.environ.get("RAISING_RECEIVERS"):
         _signal.connect(_raise, weak=False, dispatch_uid=f"raise-{id(_signal)}")
 
 
+@exclusive_job("gil_hog", every=os.environ.get("TICK_EVERY", "2s"), ttl=3)
+def gil_hog(slot: object) -> None:
+    """One call into C that holds the GIL for minutes: no other thread of its process
+    runs until it returns (its guard's thread included)."""
+    mark(f"gil_hog {slot.isoformat()}")  # type: ignore[attr-defined]
+    sum(range(10**12))
+
+
 @exclusive_job("long_tick", every=os.environ.get("TICK_EVERY", "2s"), ttl=3)
 def long_tick(slot: object) -> None:
     """Beats (the wall-clock time) every 50 ms for JOB_SECONDS: a test sees when it stops."""
