@@ -170,9 +170,11 @@ def test_bad_name_fails_at_decoration() -> None:
 
 
 def keepalive_running() -> bool:
-    import threading
+    """Whether the lock this thread holds has its keep-alive (its threads start when the
+    first renewal is due: test_lock_engine)."""
+    from django_exclusive_jobs.lock.lock import held_here
 
-    return any(t.name.startswith("exclusive-jobs-keepalive:") for t in threading.enumerate())
+    return any(lock._keepalive is not None for lock in held_here().values())
 
 
 @pytest.mark.parametrize(

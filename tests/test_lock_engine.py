@@ -266,6 +266,29 @@ def test_keepalive_keeps_lock_for_three_times_the_ttl(alias: str) -> None:
     assert lock._keepalive is None
 
 
+def test_a_short_hold_starts_no_keepalive_thread(alias: str) -> None:
+    """The keep-alive's threads start when its first renewal (or its watchdog) is due: a
+    lock released before ttl/3 cost no thread; one held past it is renewed by them."""
+
+    def threads(name: str) -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.endswith(f":{name}")]
+
+    with exclusive_lock("short", using=alias, ttl=60) as lock:
+        assert lock._keepalive is not None  # armed
+        assert threads("short") == []
+    with exclusive_lock("longer", using=alias, ttl=0.6) as lock:
+        renewed = lock.expires_at
+        deadline = time.monotonic() + 5
+        while lock.expires_at == renewed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert lock.expires_at != renewed, "no renewal came"
+        assert sorted(threads("longer")) == [
+            "exclusive-jobs-keepalive:longer",
+            "exclusive-jobs-watchdog:longer",
+        ]
+    assert threads("longer") == []  # released: both stopped
+
+
 def test_keepalive_reports_takeover_as_lost(alias: str) -> None:
     lost = threading.Event()
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import heapq
+import itertools
 import logging
+import os
 import threading
 import time
 from typing import Protocol
@@ -47,7 +50,7 @@ def watchdog_margin(ttl: float) -> float:
     return min(1.0, max(0.05, ttl / 20))
 
 
-class KeepAlive(threading.Thread):
+class KeepAlive:
     """Renews ``lock`` every ttl/3 until :meth:`stop`, or until the lock is lost.
 
     A renewal that fails with a database error is retried (on a fresh connection) until
@@ -57,32 +60,56 @@ class KeepAlive(threading.Thread):
     A watchdog thread marks the lock lost shortly before its lease could end even when a
     renewal is stuck waiting on a database that stopped answering (packets dropped,
     connection never closed), where the renewal itself would wait without limit.
+
+    Both threads start when first needed (the first renewal, or the watchdog's moment if
+    that comes first), woken by the process's one :class:`_Waker`: a job that ends sooner
+    (most scheduled runs) starts no thread at all.
     """
 
     def __init__(self, lock: Leased, *, interval: float | None = None) -> None:
-        super().__init__(name=f"exclusive-jobs-keepalive:{lock.name}", daemon=True)
         self.lock = lock
         self.interval = interval if interval is not None else lock.ttl.total_seconds() / 3
         self.margin = watchdog_margin(lock.ttl.total_seconds())
         self._stopping = threading.Event()
-        self._watchdog = threading.Thread(
-            target=self._watch, name=f"exclusive-jobs-watchdog:{lock.name}", daemon=True
-        )
+        self._mutex = threading.Lock()
+        self._threads: tuple[threading.Thread, ...] = ()
+        self._first_renewal = 0.0
         self.renewals = 0
 
     def start(self) -> None:
-        super().start()
-        self._watchdog.start()
+        now = time.monotonic()
+        self._first_renewal = now + self.interval
+        watch_at = now + max(0.0, self.lock.seconds_left - self.margin)
+        _waker.add(min(self._first_renewal, watch_at), self)
+
+    def begin(self) -> None:
+        """Start the renewing and watching threads (the waker calls it when due)."""
+        with self._mutex:
+            if self._stopping.is_set() or self._threads:
+                return
+            name = self.lock.name
+            self._threads = (
+                threading.Thread(target=self._watch, name=f"exclusive-jobs-watchdog:{name}"),
+                threading.Thread(target=self.run, name=f"exclusive-jobs-keepalive:{name}"),
+            )
+            for thread in self._threads:
+                thread.daemon = True
+                thread.start()
+
+    def is_alive(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
 
     def stop(self, timeout: float | None = None) -> None:
-        self._stopping.set()
-        if threading.current_thread() is self._watchdog:
+        with self._mutex:
+            self._stopping.set()
+            threads = self._threads
+        here = threading.current_thread()
+        if threads and here is threads[0]:  # the watchdog, giving the lock up
             return
         wait = timeout if timeout is not None else max(5.0, self.interval)
-        if self._watchdog.is_alive():
-            self._watchdog.join(wait)
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(wait)
+        for thread in threads:
+            if thread is not here and thread.is_alive():
+                thread.join(wait)
 
     def _watch(self) -> None:
         """Give the lock up at ``deadline - margin`` unless a renewal moved the deadline."""
@@ -104,9 +131,11 @@ class KeepAlive(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self._stopping.wait(self.interval):
+            wait = max(0.0, self._first_renewal - time.monotonic())
+            while not self._stopping.wait(wait):
                 if not self._renew_until_deadline():
                     return
+                wait = self.interval
         finally:
             connections[self.lock.using].close()
 
@@ -135,3 +164,46 @@ class KeepAlive(threading.Thread):
             self.renewals += 1
             return True
         return True
+
+
+class _Waker:
+    """The one thread of a process that begins each keep-alive when it is due, so that a
+    short run costs no thread. It does no I/O: it only starts threads."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, KeepAlive]] = []
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._count = itertools.count()
+
+    def add(self, at: float, keepalive: KeepAlive) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (at, next(self._count), keepalive))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="exclusive-jobs-keepalive-waker", daemon=True
+                )
+                self._thread.start()
+            elif self._due[0][2] is keepalive:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                keepalive = heapq.heappop(self._due)[2]
+            keepalive.begin()  # nothing if it was stopped meanwhile
+
+
+_waker = _Waker()
+
+
+def _forked() -> None:
+    """In a forked child none of the parent's threads runs: a waker of its own."""
+    global _waker
+    _waker = _Waker()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
