@@ -289,6 +289,18 @@ def test_a_short_hold_starts_no_keepalive_thread(alias: str) -> None:
     assert threads("longer") == []  # released: both stopped
 
 
+def test_released_locks_do_not_pile_up_waiting_for_their_keepalive(alias: str) -> None:
+    """A lock released before its first renewal leaves no keep-alive behind for long:
+    the waker drops those of stopped keep-alives as its waits grow."""
+    from django_exclusive_jobs.lock import keepalive
+
+    for number in range(200):
+        with exclusive_lock(f"many-{number % 4}", using=alias, ttl=600):
+            pass
+    waiting = [due for due in keepalive._waker._due if due[2].lock.name.startswith("many-")]
+    assert len(waiting) <= 128, len(waiting)
+
+
 def test_keepalive_reports_takeover_as_lost(alias: str) -> None:
     lost = threading.Event()
 

@@ -96,6 +96,10 @@ class KeepAlive:
                 thread.daemon = True
                 thread.start()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopping.is_set()
+
     def is_alive(self) -> bool:
         return any(thread.is_alive() for thread in self._threads)
 
@@ -175,9 +179,16 @@ class _Waker:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._count = itertools.count()
+        self._sweep_at = 64  # how many waits make it drop those of stopped keep-alives
 
     def add(self, at: float, keepalive: KeepAlive) -> None:
         with self._changed:
+            if len(self._due) >= self._sweep_at:
+                # Most locks are released long before their first renewal: without this,
+                # a process taking many locks would keep each until its ttl / 3.
+                self._due = [due for due in self._due if not due[2].stopped]
+                heapq.heapify(self._due)
+                self._sweep_at = max(64, 2 * len(self._due))
             heapq.heappush(self._due, (at, next(self._count), keepalive))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
