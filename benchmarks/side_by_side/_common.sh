@@ -21,16 +21,16 @@ prepare() {  # JOBS EVERY: procrastinate installed, both databases made, BENCH_E
         PYTHONPATH="$PWD/benchmarks/side_by_side" PROCRASTINATE_APP=procrastinate_app.app \
             "$PVENV/bin/procrastinate" schema --apply > /dev/null
     fi
-    BENCH_ENV=(BENCH_BACKEND=postgresql DJANGO_SETTINGS_MODULE=scheduler_bench.settings
+    BENCH_ENV=(BENCH_BACKEND="${BACKEND:-postgresql}" DJANGO_SETTINGS_MODULE=scheduler_bench.settings
         PYTHONPATH="$PWD/benchmarks:$PWD" BENCH_JOBS="$1" BENCH_EVERY="$2")
-    env "${BENCH_ENV[@]}" .venv/bin/python -m django migrate -v 0
+    clear_ours  # made and migrated if need be (MariaDB's, SQLite's too), then emptied
 }
 
 clear_ours() {  # our tables emptied between variants
     env "${BENCH_ENV[@]}" .venv/bin/python -c "
 import sys; sys.path.insert(0, 'benchmarks')
 from bench_scheduler import prepare_database, clear_tables
-prepare_database('postgresql'); clear_tables()" > /dev/null
+prepare_database('${BACKEND:-postgresql}'); clear_tables()" > /dev/null
 }
 
 ticks() {  # utime + stime of one process, and of its children it has waited for (0 once gone)
@@ -51,3 +51,10 @@ tree_ticks() {  # ticks of the processes given and of every process under them
     ticks_of "${all[@]}"
 }
 pg_ticks() { ticks_of $(pgrep -u postgres); }
+ours_db_ticks() {  # the database server our variants use (SQLite: none, it is in the process)
+    case "${BACKEND:-postgresql}" in
+        postgresql) pg_ticks ;;
+        mysql) ticks_of $(pgrep -x mariadbd || pgrep -x mysqld) ;;
+        *) echo 0 ;;
+    esac
+}

@@ -10,8 +10,11 @@
 # exit during the window are not counted, so it is approximate), divided by the runs
 # its file gained in the window, after 8 s of warm-up; and (job, slot) pairs run twice.
 # procrastinate goes in a virtualenv of its own (/tmp/side-by-side-venv, from PyPI).
+# BACKEND=mysql or BACKEND=sqlite runs our variants on MariaDB or SQLite (procrastinate
+# has PostgreSQL only): the database column is then MariaDB's server (SQLite: none).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+export BACKEND=${BACKEND:-postgresql}
 WINDOW=${1:-40}
 ROUNDS=${2:-2}
 ROOT=$PWD
@@ -19,16 +22,16 @@ OUT=$(mktemp -d /tmp/side-by-side-XXXX)
 source benchmarks/side_by_side/_common.sh
 prepare 20 1s
 
-measure() {  # LABEL RUNS_FILE COMMAND...: one line of figures
-    local label=$1 runs=$2; shift 2
+measure() {  # DB_TICKS LABEL RUNS_FILE COMMAND...: one line of figures
+    local db_ticks=$1 label=$2 runs=$3; shift 3
     : > "$runs"
     "$@" > "$OUT/$label.log" 2>&1 &
     local pid=$!
     sleep 8
     local a0 p0 r0 a1 p1 r1
-    a0=$(tree_ticks $pid); p0=$(pg_ticks); r0=$(wc -l < "$runs")
+    a0=$(tree_ticks $pid); p0=$($db_ticks); r0=$(wc -l < "$runs")
     sleep "$WINDOW"
-    a1=$(tree_ticks $pid); p1=$(pg_ticks); r1=$(wc -l < "$runs")
+    a1=$(tree_ticks $pid); p1=$($db_ticks); r1=$(wc -l < "$runs")
     kill -TERM $pid; wait $pid || true
     local doubled
     doubled=$(sed -n "$((r0 + 1)),${r1}p" "$runs" | awk '{print $1, $2}' | sort | uniq -d | wc -l)
@@ -45,14 +48,14 @@ echo "| variant | runs | runs/s | application CPU ms/run | database server CPU m
 echo "|---|---|---|---|---|---|"
 for _ in $(seq "$ROUNDS"); do
     "${PSQL[@]}" -d bench_procrastinate -c "truncate procrastinate_jobs, procrastinate_periodic_defers, procrastinate_events, procrastinate_workers restart identity cascade"
-    measure "procrastinate $version, 1 worker" "$OUT/procrastinate.txt" \
+    measure pg_ticks "procrastinate $version, 1 worker" "$OUT/procrastinate.txt" \
         env SIDE_RUNS_FILE="$OUT/procrastinate.txt" PYTHONPATH="$ROOT/benchmarks/side_by_side" \
         PROCRASTINATE_APP=procrastinate_app.app \
         "$PVENV/bin/procrastinate" --log-level=warning worker --concurrency=10
     for in_process in 1 0; do
         clear_ours
-        label="exclusive_scheduler, $([ $in_process = 1 ] && echo in_process=True || echo a process per run)"
-        measure "$label" "$OUT/ours-$in_process.txt" \
+        label="exclusive_scheduler on $BACKEND, $([ $in_process = 1 ] && echo in_process=True || echo a process per run)"
+        measure ours_db_ticks "$label" "$OUT/ours-$in_process.txt" \
             env "${BENCH_ENV[@]}" BENCH_IN_PROCESS=$in_process BENCH_RUNS_FILE="$OUT/ours-$in_process.txt" \
             .venv/bin/python -m django exclusive_scheduler --database default -v 0
     done
