@@ -413,6 +413,7 @@ def test_list_shows_registered_jobs() -> None:
         "enqueue_tick",
         "fenced",
         "flaky_retry",
+        "gil_hog",
         "jittery",
         "keepalive_probe",
         "light_async",

@@ -56,9 +56,11 @@ async def async_quick() -> None:
 
 @exclusive_job("keepalive_probe")
 def keepalive_probe() -> None:
-    import threading
+    """Whether the lock this run holds has its keep-alive (its threads start only when the
+    first renewal is due)."""
+    from django_exclusive_jobs.lock.lock import held_here
 
-    running = any(t.name.startswith("exclusive-jobs-keepalive:") for t in threading.enumerate())
+    running = any(lock._keepalive is not None for lock in held_here().values())
     mark(f"keepalive={running}")
 
 
