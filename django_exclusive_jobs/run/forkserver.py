@@ -264,7 +264,7 @@ def _reap(exits: dict[int, int]) -> None:
         if pid == 0:
             return
         # What the job started and left behind (its process group): a job ended by its
-        # guard's timer (see process.py) could not stop them itself.
+        # guard's timer (see guard.py) could not stop them itself.
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
         exit_write = exits.pop(pid, None)
