@@ -107,9 +107,9 @@ class Guard:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
     def _last_kill(self, deadline: float) -> float:
-        timeout_at = self.limits.timeout_at
+        ends = self.limits.timeout_at
         lease_kill = deadline - self.limits.margin / 2
-        return lease_kill if timeout_at is None else min(lease_kill, timeout_at + KILL_AFTER)
+        return lease_kill if ends is None else min(lease_kill, ends + KILL_AFTER)
 
     @staticmethod
     def _arm(kill_at: float) -> None:
