@@ -12,6 +12,13 @@ from django.db import connections
 
 from django_exclusive_jobs.conf import DEFAULTS
 
+from .cpu_report import (  # noqa: F401  (hooks: the suite's CPU, test by test)
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+    pytest_testnodedown,
+)
+
 # Seconds before and after each hour a test does not start in: the app's default slot
 # tolerance plus 10 s for the test to run, and 5 s after.
 HOURS_EDGE = (DEFAULTS["SLOT_TOLERANCE"].total_seconds() + 10, 5.0)
