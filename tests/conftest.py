@@ -12,7 +12,8 @@ from django.db import connections
 
 from django_exclusive_jobs.conf import DEFAULTS
 
-from .cpu_report import (  # noqa: F401  (hooks: the suite's CPU, test by test)
+from .cpu_report import (  # noqa: F401  (the suite's CPU: who gets it first, where it went)
+    below_the_tests_with_deadlines,
     pytest_runtest_protocol,
     pytest_sessionfinish,
     pytest_terminal_summary,

@@ -1,4 +1,14 @@
-"""The suite's CPU, test by test: what the README's command prints after its slowest tests.
+"""The suite's CPU: who gets it first, and where it went, test by test.
+
+Tests marked ``no_deadline`` only burn CPU, with no deadline of their own (hostile input
+through real processes, fuzzing, a million rows, hypothesis); they run at a lower
+priority (nice 10), with every process they start, so that on a busy machine the tests
+that wait on 2-s slots and 3-s leases get the CPU first (spin's model checks run at nice
+19 already). A test that starts schedulers (the ``schedulers`` fixture) keeps its
+priority. Lowering a priority needs no right; raising it back at the test's end needs
+root or RLIMIT_NICE: without them nothing is lowered.
+
+Where it went: what the README's command prints after its slowest tests.
 
 On two cores the suite is bound by CPU as soon as it runs on more than two workers, so
 its length is kept under watch by where the CPU goes, not only by the slowest tests (a
@@ -20,8 +30,37 @@ from typing import Any
 import pytest
 
 ON = os.environ.get("EXCLUSIVE_JOBS_TEST_CPU") == "1"
+NO_DEADLINE_NICE = 10
 SHOWN = 15
 _costs: dict[str, float] = {}  # test id -> CPU seconds (a worker's, or every worker's)
+
+
+def _may_renice() -> bool:
+    """Whether this process may raise its priority back to where it is now."""
+    now = os.getpriority(os.PRIO_PROCESS, 0)
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - now
+
+
+MAY_RENICE = _may_renice()
+
+
+@pytest.fixture(autouse=True)
+def below_the_tests_with_deadlines(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A ``no_deadline`` test runs at nice 10 (on Linux a thread's: this worker's main
+    thread, and the processes it starts inherit it)."""
+    if (
+        request.node.get_closest_marker("no_deadline") is None
+        or "schedulers" in request.fixturenames
+        or not MAY_RENICE
+    ):
+        yield
+        return
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, max(before, NO_DEADLINE_NICE))
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 def _cpu() -> float:

@@ -22,6 +22,8 @@ from .test_metrics import bulk_jobs, scrape_as_before
 from .test_metrics import count_queries as scrape
 from .test_pictures import jobs_page, jobs_page_as_before
 
+pytestmark = pytest.mark.no_deadline  # CPU only, no deadline: nice 10 (tests/cpu_report.py)
+
 JOBS = 1000
 RUNS = 1_000_000
 

@@ -20,6 +20,8 @@ from django_exclusive_jobs.models import JobLock, JobRun
 
 from .test_command import ROOT, command_env
 
+pytestmark = pytest.mark.no_deadline  # CPU only, no deadline: nice 10 (tests/cpu_report.py)
+
 Prepare = Callable[[Path, dict[str, str]], None]
 
 

@@ -35,6 +35,8 @@ from django_exclusive_jobs.run.start import Start
 
 from .claim_model import Expected, Policy, Row, expect, latest_row
 
+pytestmark = pytest.mark.no_deadline  # CPU only, no deadline: nice 10 (tests/cpu_report.py)
+
 ME = "here:1:me"
 NAME = "props"
 UTC = dt.UTC

@@ -28,6 +28,8 @@ from .test_admin import client_for, make_user
 from .test_command import command_env, manage, marker, runs
 from .test_operate import exclusive_jobs
 
+pytestmark = pytest.mark.no_deadline  # CPU only, no deadline: nice 10 (tests/cpu_report.py)
+
 __all__ = ["marker"]  # a fixture
 
 ACT = "admin:django_exclusive_jobs_jobstate_act"

@@ -30,6 +30,8 @@ from django_exclusive_jobs.run import registry
 
 from .test_command import ROOT, command_env, django_admin
 
+pytestmark = pytest.mark.no_deadline  # CPU only, no deadline: nice 10 (tests/cpu_report.py)
+
 # Every command of the app, each action once: the name of the case and its arguments.
 COMMANDS = {
     "run_exclusive": ("run_exclusive", "quick"),

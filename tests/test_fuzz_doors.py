@@ -72,7 +72,8 @@ from .test_scheduler import scheduler_env, schedulers, start_scheduler
 
 # Run in the README suite on every database; the Django 6.x stages of CI leave them out
 # (the doors themselves are checked there by tests/test_doors.py).
-pytestmark = pytest.mark.slow
+# no_deadline: at nice 10, but for the test beside a scheduler (tests/cpu_report.py).
+pytestmark = [pytest.mark.slow, pytest.mark.no_deadline]
 
 __all__ = ["schedulers"]  # a fixture
 

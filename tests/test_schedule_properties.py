@@ -13,11 +13,14 @@ import functools
 import itertools
 import zoneinfo
 
+import pytest
 from cronsim import CronSim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from django_exclusive_jobs.run.schedules import Cron
+
+pytestmark = pytest.mark.no_deadline  # CPU only, no deadline: nice 10 (tests/cpu_report.py)
 
 UTC = dt.UTC
 ONE_MICROSECOND = dt.timedelta(microseconds=1)
