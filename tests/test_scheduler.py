@@ -102,24 +102,27 @@ def test_three_schedulers_run_each_slot_once_with_clocks_an_hour_off(
 ) -> None:
     # SQLite's clock is the machine's: every process using the file runs on that machine.
     shifts = (None, "+1h", "-1h") if connections[alias].vendor != "sqlite" else (None,) * 3
+    # A slot every 3 s: three servers (two under libfaketime) on a busy machine were once
+    # all over 2 s late for a 2-s slot, which was rightly skipped.
+    every = dt.timedelta(seconds=3)
     for shift in shifts:
         # A lease of 10 s: the subject is the slots, not the lease (3 s was lost once, its
         # renewals over 2 s late on a loaded machine, and the slot after it missed).
-        env = scheduler_env(marker, shift=shift, TICK_TTL="10")
+        env = scheduler_env(marker, shift=shift, TICK_TTL="10", TICK_EVERY="3s")
         start_scheduler(schedulers, alias, "--jobs", "tick", env=env)
-    wait_for(lambda: succeeded(alias, "tick") >= 12, timeout=120)
+    wait_for(lambda: succeeded(alias, "tick") >= 8, timeout=120)
     for process in schedulers:
         stop(process, timeout=40)
 
     rows = history(alias, "tick")
-    assert len(rows) >= 12
-    assert_every_slot_once(rows)
+    assert len(rows) >= 8
+    assert_every_slot_once(rows, every)
     assert {run.status for run in rows} == {"succeeded"}  # none missed, none failed
     ran = executions(marker, "tick")
     assert set(ran) == {run.slot for run in rows} and set(ran.values()) == {1}
     # Started on database time within the slot's interval, whatever the servers' clocks.
     late = [run.started_at - run.slot for run in rows if run.slot is not None]
-    assert max(late) < TWO_SECONDS, late
+    assert max(late) < every, late
     beats = Scheduler.objects.using(alias).all()
     assert len(beats) == 3 and all(beat.stopped_at is not None for beat in beats)
     assert {tuple(beat.jobs) for beat in beats} == {("tick",)}
