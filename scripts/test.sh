@@ -13,12 +13,13 @@ ensure_mariadb || [ -z "${CI:-}" ]
 ensure_venv dev
 
 # Two workers (pytest-xdist), each with databases of its own. Most tests wait on slots
-# and leases, not on the CPU (two leave the two cores 40% idle: 29 min). Four take 19.5
-# min but keep both cores busy (the suite is ~28 min of CPU, a fifth of it spin's
-# model), and on a machine that busy 1 to 3 tests failed in each run (2026-12-06: a 3-s
-# lease not renewed for 3 s; a killed scheduler's lease taken over after the next
-# slot): not the default until those tests hold there. Work stealing: a worker that ran
-# out takes tests from another's queue. TEST_WORKERS=0 runs everything in one process.
+# and leases, not on the CPU (two: 30-32 min). Four take 19.5-20 min but keep both cores
+# busy (the suite is ~29 min of CPU, a fifth of it spin's model), and on a machine that
+# busy 1 to 3 tests failed in each of three runs (2026-12-06: a 3-s lease not renewed
+# for 3 s; a killed scheduler's lease taken over after the next slot; a frozen
+# scheduler's share taken over too slowly; the CPU-only tests niced in the third): not
+# the default until those tests hold there. Work stealing: a worker that ran out takes
+# tests from another's queue. TEST_WORKERS=0 runs everything in one process.
 # The slowest tests are listed at the end, and where the CPU went (tests/cpu_report.py):
 # CI's time is kept under watch.
 export EXCLUSIVE_JOBS_TEST_CPU="${EXCLUSIVE_JOBS_TEST_CPU:-1}"
