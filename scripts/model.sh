@@ -92,9 +92,9 @@ for check in "${CHECKS[@]/%/|0}" "${LONG[@]/%/|1}"; do
         echo "$name: spin -a failed:"; cat "$dir/spin.out"; failed=1; continue
     }
     # A holds check: exhaustive (no bitstate), each state stored whole (at most 1.8 GB
-    # here; -DCOLLAPSE would store them compressed, in half the memory, for half again as much CPU).
-    # A refuted check: breadth first (the shortest counterexample), found in under a
-    # second: gcc's -O1 compiles pan in 1.6 s instead of -O2's 3.6.
+    # here; -DCOLLAPSE would store them compressed, in half the memory, for half again as
+    # much CPU). A refuted check: breadth first (the shortest counterexample), found in
+    # under a second: gcc's -O1 compiles pan in 1.6 s instead of -O2's 3.6.
     if [ "$expected" = holds ]; then
         search="" optimise="-O2"
     else
