@@ -7,16 +7,18 @@ write and as long to delete; each surface's own test file checks it with fewer r
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management.color import no_style
 from django.db import connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from django_exclusive_jobs.health import overview
 from django_exclusive_jobs.lock.clock import database_now
-from django_exclusive_jobs.models import JobLock, JobRun
+from django_exclusive_jobs.models import JobLock, JobRun, RunRequest
 
 from .test_metrics import bulk_jobs, scrape_as_before
 from .test_metrics import count_queries as scrape
@@ -28,6 +30,17 @@ JOBS = 1000
 RUNS = 1_000_000
 
 
+@pytest.fixture
+def truncate_runs(alias: str) -> Iterator[None]:
+    """Empties the run table with TRUNCATE when the test ends: the flush after a
+    transactional test deletes row by row on MariaDB (67-107 s for a million rows)."""
+    yield
+    connection = connections[alias]
+    tables = [JobRun._meta.db_table, RunRequest._meta.db_table]
+    flush = connection.ops.sql_flush(no_style(), tables, reset_sequences=True, allow_cascade=True)
+    connection.ops.execute_sql_flush(flush)
+
+
 def look_at_health(alias: str) -> int:
     with CaptureQueriesContext(connections[alias]) as queries:
         overview(alias)
@@ -36,7 +49,7 @@ def look_at_health(alias: str) -> int:
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True, databases="__all__")
-@pytest.mark.usefixtures("forget_bulk_jobs")
+@pytest.mark.usefixtures("forget_bulk_jobs", "truncate_runs")
 def test_the_jobs_page_health_and_a_scrape_send_as_many_queries_for_a_million_runs(
     alias: str,
 ) -> None:
