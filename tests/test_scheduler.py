@@ -80,6 +80,16 @@ def history(alias: str, name: str) -> list[JobRun]:
     return list(JobRun.objects.using(alias).filter(name=name).order_by("slot", "attempt"))
 
 
+def statuses_until(rows: list[JobRun], stopping: dt.datetime) -> set[str]:
+    """The statuses of the runs that ended before the test stopped their scheduler. One
+    that ended after may have been interrupted by that stop, or ended as those did."""
+    ended = [run for run in rows if run.finished_at is not None and run.finished_at < stopping]
+    before = {run.status for run in ended}
+    caught = {run.status for run in rows if run not in ended}
+    assert caught <= before | {"interrupted"}, caught
+    return before
+
+
 def assert_every_slot_once(rows: list[JobRun], step: dt.timedelta = TWO_SECONDS) -> None:
     """One row per slot, no slot left out, from the first row to the last."""
     slots = [run.slot for run in rows]
