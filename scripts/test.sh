@@ -2,7 +2,7 @@
 # Run the whole test suite on SQLite, PostgreSQL and MariaDB.
 # Installs what it needs (system packages, a virtualenv) and starts the databases if down.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow" -k sqlite`.
-# It runs on two workers; `TEST_WORKERS=0 bash scripts/test.sh` runs on one process.
+# Two lanes side by side (below); `TEST_WORKERS=0 bash scripts/test.sh` runs in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
@@ -12,15 +12,37 @@ ensure_postgres || [ -z "${CI:-}" ]
 ensure_mariadb || [ -z "${CI:-}" ]
 ensure_venv dev
 
-# Two workers (pytest-xdist), each with databases of its own. Most tests wait on slots
-# and leases, not on the CPU (two: 30-32 min). Four take 19.5-20 min but keep both cores
-# busy (the suite is ~29 min of CPU, a fifth of it spin's model), and on a machine that
-# busy 1 to 3 tests failed in each of three runs (2026-12-06: a 3-s lease not renewed
-# for 3 s; a killed scheduler's lease taken over after the next slot; a frozen
-# scheduler's share taken over too slowly; the CPU-only tests niced in the third): not
-# the default until those tests hold there. Work stealing: a worker that ran out takes
-# tests from another's queue. TEST_WORKERS=0 runs everything in one process.
-# The slowest tests are listed at the end, and where the CPU went (tests/cpu_report.py):
-# CI's time is kept under watch.
+# Two lanes side by side. The tests that wait on slots and leases run on three workers
+# (pytest-xdist, work stealing: a worker that ran out takes tests from another's queue),
+# each with databases of its own: most of their time is waiting (2026-12-06: 43 min of
+# tests, 10 min of CPU). The tests that only burn CPU (marker no_deadline: spin's model,
+# hostile input, fuzzing, a million rows, the properties: 9 min) run beside them in one
+# process at nice 10, on what the first lane leaves (tests/cpu_report.py); their report
+# follows the first lane's. One lane of two workers took 26-32 min; four workers running
+# everything made the machine so busy that 1 to 3 tests waiting on 2-s slots failed in
+# each of three runs. TEST_WORKERS sets the first lane's workers; TEST_WORKERS=0 runs
+# everything in one process. The slowest tests are listed at the end of each lane, and
+# where the CPU went: CI's time is kept under watch.
 export EXCLUSIVE_JOBS_TEST_CPU="${EXCLUSIVE_JOBS_TEST_CPU:-1}"
-exec "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal --durations=30 "$@"
+if [ "${TEST_WORKERS:-3}" = 0 ]; then
+    exec "$VENV/bin/python" -m pytest --durations=30 "$@"
+fi
+cpu_log="$(mktemp)"
+suffix="${EXCLUSIVE_JOBS_TEST_DB_SUFFIX:-}_cpu"  # databases of its own
+EXCLUSIVE_JOBS_TEST_LANE=cpu EXCLUSIVE_JOBS_TEST_DB_SUFFIX="$suffix" \
+    nice -n 10 "$VENV/bin/python" -m pytest --durations=15 "$@" >"$cpu_log" 2>&1 &
+cpu_lane=$!
+trap 'kill "$cpu_lane" 2>/dev/null; rm -f "$cpu_log"' EXIT
+echo "== the CPU-only tests run beside, at nice 10; their report follows this one"
+deadlines=0
+EXCLUSIVE_JOBS_TEST_LANE=deadlines "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-3}" \
+    --dist worksteal --durations=30 "$@" || deadlines=$?
+cpu=0
+wait "$cpu_lane" || cpu=$?
+echo "== the CPU-only tests (nice 10, one process)"
+cat "$cpu_log"
+# 5: a lane had no test to run (the arguments chose only the other's)
+if [ "$deadlines" = 5 ] && [ "$cpu" = 5 ]; then exit 5; fi
+for status in "$deadlines" "$cpu"; do
+    if [ "$status" != 0 ] && [ "$status" != 5 ]; then exit "$status"; fi
+done

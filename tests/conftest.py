@@ -14,6 +14,7 @@ from django_exclusive_jobs.conf import DEFAULTS
 
 from .cpu_report import (  # noqa: F401  (the suite's CPU: who gets it first, where it went)
     below_the_tests_with_deadlines,
+    keep_the_lane,
     pytest_runtest_protocol,
     pytest_sessionfinish,
     pytest_terminal_summary,
@@ -57,7 +58,8 @@ BACKENDS = {"sqlite": "default", "postgresql": "postgres", "mysql": "mysql"}
 FIRST = ("tests/test_model.py::test_the_model_holds[jobs-faults]",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep_the_lane(config, items)
     items.sort(key=lambda item: item.nodeid not in FIRST)  # stable: the rest keep their order
 
 

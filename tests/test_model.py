@@ -23,6 +23,7 @@ SCRIPT = ROOT / "scripts" / "model.sh"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.no_deadline,  # pure CPU: in the README command's CPU lane (tests/cpu_report.py)
     pytest.mark.skipif(shutil.which("spin") is None, reason="spin is not installed"),
     pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),
 ]
