@@ -32,7 +32,7 @@ suffix="${EXCLUSIVE_JOBS_TEST_DB_SUFFIX:-}_cpu"  # databases of its own
 EXCLUSIVE_JOBS_TEST_LANE=cpu EXCLUSIVE_JOBS_TEST_DB_SUFFIX="$suffix" \
     nice -n 10 "$VENV/bin/python" -m pytest --durations=15 "$@" >"$cpu_log" 2>&1 &
 cpu_lane=$!
-trap 'kill "$cpu_lane" 2>/dev/null; rm -f "$cpu_log"' EXIT
+trap 'kill "$cpu_lane" 2>/dev/null || true; rm -f "$cpu_log"' EXIT
 echo "== the CPU-only tests run beside, at nice 10; their report follows this one"
 deadlines=0
 EXCLUSIVE_JOBS_TEST_LANE=deadlines "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-3}" \
