@@ -14,10 +14,9 @@ that wait on slots leave a core idle most of the time, and the CPU-only tests ta
 
 Where it went: what the README's command prints after its slowest tests.
 
-On two cores the suite is bound by CPU as soon as it runs on more than two workers, so
-its length is kept under watch by where the CPU goes, not only by the slowest tests (a
-test that waits 30 s on slots costs little; one that starts 70 Django processes costs
-45 s of CPU). Each test's CPU is its worker's own plus that of the processes it started
+On two cores the suite's length is kept under watch by where the CPU goes as well as by
+the slowest tests (a test that waits 30 s on slots costs little CPU; one that starts 70
+Django processes costs 45 s of it): more workers help only while a core is idle. Each test's CPU is its worker's own plus that of the processes it started
 and reaped (a scheduler's job processes too, once the scheduler has reaped them); the
 database servers' is not counted. On with ``EXCLUSIVE_JOBS_TEST_CPU=1`` (scripts/test.sh
 sets it); the hooks are taken in by conftest.py.
