@@ -22,6 +22,7 @@ def serve_commands(conn: Connection) -> None:
 
     from django_exclusive_jobs import try_acquire
     from django_exclusive_jobs.lock.lock import Lock, process
+    from django_exclusive_jobs.lock.lock import forget as forget_lock
 
     held: dict[str, Lock] = {}
     while True:
@@ -50,8 +51,14 @@ def serve_commands(conn: Connection) -> None:
 
                 exclusive_job(name, using=alias, **kwargs)(lambda: None)()
             elif verb == "forget":
+                # As if this server had vanished: its rows stay as they are, and it keeps
+                # no memory of them. Left in this thread's held locks, a lock would make
+                # its next acquisition of the name (a later test, the tables emptied, the
+                # tokens starting at 1 again) a re-entry that renews the new holder's row
+                # of the same token: twice on SQLite with three workers (2026-12-06).
                 for lock in held.values():
                     lock.stop_keepalive()
+                    forget_lock(lock)
                 held.clear()
                 connections.close_all()
             else:
