@@ -16,9 +16,10 @@ Where it went: what the README's command prints after its slowest tests.
 
 On two cores the suite's length is kept under watch by where the CPU goes as well as by
 the slowest tests (a test that waits 30 s on slots costs little CPU; one that starts 70
-Django processes costs 45 s of it): more workers help only while a core is idle. Each test's CPU is its worker's own plus that of the processes it started
-and reaped (a scheduler's job processes too, once the scheduler has reaped them); the
-database servers' is not counted. On with ``EXCLUSIVE_JOBS_TEST_CPU=1`` (scripts/test.sh
+Django processes costs 45 s of it): more workers help only while a core is idle. Each
+test's CPU is its worker's own plus that of the processes it started and reaped (a
+scheduler's job processes too, once the scheduler has reaped them); the database
+servers' is not counted. On with ``EXCLUSIVE_JOBS_TEST_CPU=1`` (scripts/test.sh
 sets it); the hooks are taken in by conftest.py.
 """
 
