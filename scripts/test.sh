@@ -24,7 +24,8 @@ ensure_venv dev
 # everything in one process. The slowest tests are listed at the end of each lane, and
 # where the CPU went: CI's time is kept under watch.
 export EXCLUSIVE_JOBS_TEST_CPU="${EXCLUSIVE_JOBS_TEST_CPU:-1}"
-if [ "${TEST_WORKERS:-3}" = 0 ]; then
+workers="${TEST_WORKERS:-3}"
+if [ "$workers" = 0 ]; then
     exec "$VENV/bin/python" -m pytest --durations=30 "$@"
 fi
 cpu_log="$(mktemp)"
@@ -35,7 +36,7 @@ cpu_lane=$!
 trap 'kill "$cpu_lane" 2>/dev/null || true; rm -f "$cpu_log"' EXIT
 echo "== the CPU-only tests run beside, at nice 10; their report follows this one"
 deadlines=0
-EXCLUSIVE_JOBS_TEST_LANE=deadlines "$VENV/bin/python" -m pytest -n "${TEST_WORKERS:-3}" \
+EXCLUSIVE_JOBS_TEST_LANE=deadlines "$VENV/bin/python" -m pytest -n "$workers" \
     --dist worksteal --durations=30 "$@" || deadlines=$?
 cpu=0
 wait "$cpu_lane" || cpu=$?

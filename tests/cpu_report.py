@@ -48,15 +48,18 @@ def _may_renice() -> bool:
 MAY_RENICE = _may_renice()
 
 
+def cpu_only(item: pytest.Item) -> bool:
+    """Marked ``no_deadline`` and not beside a scheduler (the ``schedulers`` fixture)."""
+    return item.get_closest_marker("no_deadline") is not None and "schedulers" not in getattr(
+        item, "fixturenames", ()
+    )
+
+
 @pytest.fixture(autouse=True)
 def below_the_tests_with_deadlines(request: pytest.FixtureRequest) -> Iterator[None]:
     """A ``no_deadline`` test runs at nice 10 (on Linux a thread's: this worker's main
     thread, and the processes it starts inherit it)."""
-    if (
-        request.node.get_closest_marker("no_deadline") is None
-        or "schedulers" in request.fixturenames
-        or not MAY_RENICE
-    ):
+    if not cpu_only(request.node) or not MAY_RENICE:
         yield
         return
     before = os.getpriority(os.PRIO_PROCESS, 0)
@@ -67,12 +70,6 @@ def below_the_tests_with_deadlines(request: pytest.FixtureRequest) -> Iterator[N
         os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
-def _cpu_only(item: pytest.Item) -> bool:
-    return item.get_closest_marker("no_deadline") is not None and "schedulers" not in getattr(
-        item, "fixturenames", ()
-    )
-
-
 def keep_the_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
     """scripts/test.sh runs the suite in two lanes side by side: the tests with deadlines
     on its workers, the CPU-only ones in one process at nice 10 (``EXCLUSIVE_JOBS_TEST_LANE``
@@ -80,9 +77,12 @@ def keep_the_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
     lane = os.environ.get("EXCLUSIVE_JOBS_TEST_LANE", "")
     if lane not in ("deadlines", "cpu"):
         return
-    kept = [item for item in items if _cpu_only(item) == (lane == "cpu")]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    kept: list[pytest.Item] = []
+    other: list[pytest.Item] = []
+    for item in items:
+        (kept if cpu_only(item) == (lane == "cpu") else other).append(item)
+    if other:
+        config.hook.pytest_deselected(items=other)
         items[:] = kept
 
 
