@@ -189,9 +189,22 @@ def zone(value: object, *, what: str = "Time zone") -> str:
     return value
 
 
+# Debian cron's and Kubernetes' names of a schedule, any case: their five fields.
+CRON_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+
 def cron(value: object, *, what: str = "Cron expression") -> str:
     """A cron expression's text, before its fields are read: at most 1,000 characters of
-    printable ASCII. Returned with its fields separated by one space."""
+    printable ASCII. Returned with its fields separated by one space; an alias
+    (:data:`CRON_ALIASES`) as its five fields."""
     if not isinstance(value, str):
         raise LockConfigurationError(f"{what} must be a string like '0 * * * *'.")
     if len(value) > CRON_LENGTH:
@@ -200,7 +213,16 @@ def cron(value: object, *, what: str = "Cron expression") -> str:
         )
     if not value.isascii() or any(_refused(char) for char in value.replace("\t", " ")):
         raise LockConfigurationError(f"{what} {_shown(value)} may hold only printable ASCII.")
-    return " ".join(value.split())
+    text = " ".join(value.split())
+    if text.startswith("@"):
+        if text.lower() not in CRON_ALIASES:
+            names = ", ".join(CRON_ALIASES)
+            raise LockConfigurationError(
+                f"{what} {_shown(text)} is not one of cron's names ({names}); "
+                "@reboot is not a schedule: start the job with your process manager."
+            )
+        return CRON_ALIASES[text.lower()]
+    return text
 
 
 def json_arguments(value: object, *, what: str = "The arguments") -> dict[str, Any]:

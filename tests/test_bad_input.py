@@ -145,6 +145,9 @@ CASES = [
         Case(("quick", "--cron", "* * * * * *"), "must have 5 fields"), id="cron-6-fields"
     ),
     pytest.param(Case(("quick", "--cron", ""), "must have 5 fields"), id="cron-empty"),
+    pytest.param(
+        Case(("quick", "--cron", "@reboot"), "@reboot is not a schedule"), id="cron-reboot"
+    ),
     pytest.param(Case(("quick", "--cron", "61 * * * *"), "is not valid"), id="cron-minute-61"),
     pytest.param(Case(("quick", "--cron", "0 25 * * *"), "is not valid"), id="cron-hour-25"),
     pytest.param(Case(("quick", "--cron", "0 0 32 * *"), "is not valid"), id="cron-day-32"),

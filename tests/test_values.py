@@ -157,6 +157,46 @@ def test_a_cron_expression_is_at_most_1000_printable_ascii_characters() -> None:
     assert refused(values.cron, 5) == "Cron expression must be a string like '0 * * * *'."
 
 
+def test_cron_s_names_are_their_five_fields_in_any_case_and_reboot_is_refused() -> None:
+    assert values.cron("@daily") == values.cron("@midnight") == "0 0 * * *"
+    assert values.cron("  @Hourly ") == "0 * * * *"
+    assert values.cron("@WEEKLY") == "0 0 * * 0"
+    assert values.cron("@monthly") == "0 0 1 * *"
+    assert values.cron("@yearly") == values.cron("@annually") == "0 0 1 1 *"
+    names = "@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly"
+    assert refused(values.cron, "@reboot") == (
+        f"Cron expression '@reboot' is not one of cron's names ({names}); @reboot is not a "
+        "schedule: start the job with your process manager."
+    )
+    assert refused(values.cron, "@daily 0").startswith("Cron expression '@daily 0' is not one")
+
+
+def test_a_cron_name_is_taken_alike_by_the_decorator_an_override_and_the_preview() -> None:
+    from django_exclusive_jobs.run.preview import upcoming
+
+    exclusive_job("door-weekly", cron="@weekly", timezone="Europe/Paris")(lambda: None)
+    try:
+        job = get_job("door-weekly")
+        assert job is not None and job.schedule is not None
+        assert job.schedule.describe() == "cron '0 0 * * 0' (Europe/Paris)"
+        paris = zoneinfo.ZoneInfo("Europe/Paris")
+        now = dt.datetime(2026, 3, 20, 12, tzinfo=dt.UTC)  # across the spring-forward
+        slots = [shown.slot.astimezone(paris) for shown in upcoming(job, now, 3)]
+        assert [slot.strftime("%a %d %H:%M") for slot in slots] == [
+            "Sun 22 00:00",
+            "Sun 29 00:00",
+            "Sun 05 00:00",
+        ]
+        changed = overrides.check(job, {"schedule": {"cron": "@Monthly"}})
+        assert changed["schedule"]["cron"] == "0 0 1 * *"
+        by_decorator = refused(exclusive_job, "door-reboot", cron="@reboot")
+        by_override = refused(overrides.check, job, {"schedule": {"cron": "@reboot"}})
+        assert by_decorator == by_override
+    finally:
+        _jobs.pop("door-weekly", None)
+    assert "door-reboot" not in _jobs
+
+
 # --- JSON arguments ---------------------------------------------------------------------
 
 

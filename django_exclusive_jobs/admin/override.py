@@ -96,7 +96,9 @@ class OverrideForm(WhyForm):
         label=gettext_lazy("Cron"),
         required=False,
         widget=forms.TextInput(attrs={"size": 30, "spellcheck": "false"}),
-        help_text=gettext_lazy("Five fields, such as 0 */2 * * *; or give an interval instead."),
+        help_text=gettext_lazy(
+            "Five fields, such as 0 */2 * * *, or @daily; or give an interval instead."
+        ),
     )
     timezone = forms.CharField(
         label=gettext_lazy("Time zone"),

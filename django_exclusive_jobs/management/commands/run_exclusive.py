@@ -312,7 +312,10 @@ def _schedule_options(parser: CommandParser) -> None:
         type=duration_option("every", least=dt.timedelta(seconds=1)),
         help="the job's schedule: run once per slot of this length",
     )
-    parser.add_argument("--cron", help="the job's schedule as a cron expression, e.g. '0 * * * *'")
+    parser.add_argument(
+        "--cron",
+        help="the job's schedule as a cron expression, e.g. '0 * * * *' or @daily",
+    )
     parser.add_argument("--timezone", help="time zone of --cron (default: TIME_ZONE)")
     parser.add_argument(
         "--slot-tolerance",
