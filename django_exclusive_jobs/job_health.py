@@ -157,7 +157,7 @@ Problem = tuple[Health, str]
 def judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedulers: bool) -> None:
     """Set the badge and one line per problem: the one definition of a job's health."""
     found = [
-        *_state_problems(health),
+        *_state_problems(health, job),
         *_slot_problems(health, job, now, uses_schedulers=uses_schedulers),
         *_request_problems(health, job),
         *_run_problems(health),
@@ -167,7 +167,7 @@ def judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedule
     health.badge = _badge(health, job, found)
 
 
-def _state_problems(health: JobHealth) -> list[Problem]:
+def _state_problems(health: JobHealth, job: Job | None) -> list[Problem]:
     """What its operator row, its pause and its lock say is wrong."""
     found: list[Problem] = []
     if health.misconfigured:
@@ -177,14 +177,14 @@ def _state_problems(health: JobHealth) -> list[Problem]:
         found.append((Health.PAUSED_AFTER_FAILURES, health.pause_reason))
     if health.lock_state == LockState.STALE:
         found.append((Health.STALE_LOCK, "its holder's lease ran out and it was never released"))
-    if running_long(health.running_for, health.median):
-        found.append(
-            (
-                Health.RUNNING_LONG,
-                f"running for {health.running_for:.0f}s, "
-                f"{float(app_settings.RUNNING_LONG_FACTOR):g}x its median of {health.median:.1f}s",
-            )
-        )
+    limit = job.warn_seconds if job is not None else None
+    if running_long(health.running_for, health.median, warn_after=limit):
+        if limit is not None:
+            past = f"past its warn_after of {limit:g}s"
+        else:
+            factor = float(app_settings.RUNNING_LONG_FACTOR)
+            past = f"{factor:g}x its median of {health.median:.1f}s"
+        found.append((Health.RUNNING_LONG, f"running for {health.running_for:.0f}s, {past}"))
     return found
 
 

@@ -53,6 +53,7 @@ EVENTS = {
     "override": "a scheduler runs a job as an operator overrode it, or back as its code says",
     "paused": "a job was paused by the app: its last runs failed (pause_after=N)",
     "misconfigured": "a job's operator row cannot be used: its runs wait until it is put right",
+    "running_long": "a run has lasted its job's warn_after: it goes on",
 }
 
 # EXCLUSIVE_JOBS["LOG_FORMAT"]: what the commands print.

@@ -44,3 +44,9 @@ slot_missed = Signal()
 # operator's pause sends nothing (it is in the audit). Health reports it until resumed.
 # Arguments: sender (job name), name (str), reason (str), by (str).
 job_paused = Signal()
+
+# A run has lasted its job's warn_after (``@exclusive_job(warn_after=...)``) and goes on.
+# Sent once per run, from a thread of the process that holds its lock (the scheduler, or
+# the command or call that runs it). Arguments: sender (job name), name (str), lock (the
+# Lock), slot (datetime | None), running_for (float seconds) and warn_after (float seconds).
+job_running_long = Signal()

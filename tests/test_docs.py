@@ -1738,6 +1738,10 @@ def test_exclusive_jobs_prints_the_documented_lines(sqlite: str) -> None:
     runs.create(name="docs_long", status="running", token=long.token, started_at=now - hour)
     for _ in range(3):
         runs.create(name="docs_long", status="succeeded", started_at=now - hour, duration=1.0)
+    # running long past its warn_after: an hour into a run of a job warned after 30 min.
+    exclusive_job("docs_warned", warn_after="30m")(lambda: None)
+    warned = hold_in_other_thread("docs_warned")
+    runs.create(name="docs_warned", status="running", token=warned.token, started_at=now - hour)
     # no scheduler alive: the one that served "tick" stopped beating.
     Scheduler.objects.using(sqlite).create(
         instance="gone",

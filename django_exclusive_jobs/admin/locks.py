@@ -20,6 +20,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..models import JobLock, JobLockQuerySet, JobRun, LockState, running_long
+from ..run.registry import warn_afters
 from .display import duration, span, timestamp
 
 MEANING = {
@@ -41,7 +42,9 @@ class LockStateFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         assert isinstance(queryset, JobLockQuerySet)
         value = self.value()
-        if value in LockState.values or value == RUNNING_LONG:
+        if value == RUNNING_LONG:
+            return queryset.running_long(warn_after=warn_afters())
+        if value in LockState.values:
             result: QuerySet[Any] = getattr(queryset, str(value))()
             return result
         return queryset
@@ -163,7 +166,7 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         shown = format_html(
             "{} / {}", duration(elapsed), "—" if median is None else duration(median)
         )
-        if running_long(elapsed, median):
+        if running_long(elapsed, median, warn_after=warn_afters().get(lock.name)):
             badge = '<span class="exclusive-jobs-badge exclusive-jobs-running-long">{}</span>'
             return format_html("{} " + badge, shown, _("running long"))
         return shown

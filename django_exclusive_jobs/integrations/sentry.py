@@ -108,7 +108,10 @@ def monitor_config(job: Job) -> dict[str, Any] | None:
         tolerance = parse_duration(app_settings.SLOT_TOLERANCE, what="SLOT_TOLERANCE")
     config["checkin_margin"] = _minutes((job.jitter + tolerance).total_seconds())
     limit = job.time_limit
-    if limit is not None:
+    if job.warn_seconds is not None:
+        # warn_after: Sentry marks the check-in timed out then, as we say running long.
+        config["max_runtime"] = min(MAX_RUNTIME, _minutes(job.warn_seconds))
+    elif limit is not None:
         # A slot's check-in stays open through its retries: each attempt's timeout (and
         # the SIGKILL grace after it), and the backoffs between them.
         attempts = job.retries + 1

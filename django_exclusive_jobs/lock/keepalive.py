@@ -170,18 +170,34 @@ class KeepAlive:
         return True
 
 
+class Due(Protocol):
+    """What the waker begins when due: a keep-alive, or a run's ``warn_after``
+    (``run/long_runs.py``). ``begin`` must not block: it starts a thread if it has work."""
+
+    @property
+    def stopped(self) -> bool: ...
+
+    def begin(self) -> None: ...
+
+
+def wake_at(at: float, due: Due) -> None:
+    """Call ``due.begin()`` at ``at`` (monotonic) from the process's one waker thread,
+    unless ``due`` has stopped by then."""
+    _waker.add(at, due)
+
+
 class _Waker:
     """The one thread of a process that begins each keep-alive when it is due, so that a
     short run costs no thread. It does no I/O: it only starts threads."""
 
     def __init__(self) -> None:
-        self._due: list[tuple[float, int, KeepAlive]] = []
+        self._due: list[tuple[float, int, Due]] = []
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._count = itertools.count()
         self._sweep_at = 64  # how many waits make it drop those of stopped keep-alives
 
-    def add(self, at: float, keepalive: KeepAlive) -> None:
+    def add(self, at: float, keepalive: Due) -> None:
         with self._changed:
             if len(self._due) >= self._sweep_at:
                 # Most locks are released long before their first renewal: without this,

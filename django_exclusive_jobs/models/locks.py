@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from django.db import models, transaction
@@ -43,13 +43,21 @@ def lock_states() -> dict[LockState, Q]:
 
 
 def running_long(
-    running_for: float | None, median: float | None, factor: float | None = None
+    running_for: float | None,
+    median: float | None,
+    factor: float | None = None,
+    warn_after: float | None = None,
 ) -> bool:
-    """The one rule for "running long": a run has lasted over ``factor`` (the setting
-    ``RUNNING_LONG_FACTOR``) times its job's median duration (:meth:`JobRunQuerySet.medians`).
-    Shown to people, never acted on."""
+    """The one rule for "running long": a run has lasted its job's ``warn_after``
+    (seconds) if it has one, else over ``factor`` (the setting ``RUNNING_LONG_FACTOR``)
+    times its job's median duration (:meth:`JobRunQuerySet.medians`). Shown to people,
+    never acted on."""
+    if running_for is None:
+        return False
+    if warn_after is not None:
+        return running_for >= warn_after
     factor = float(app_settings.RUNNING_LONG_FACTOR if factor is None else factor)
-    return running_for is not None and bool(median) and running_for > factor * (median or 0)
+    return bool(median) and running_for > factor * (median or 0)
 
 
 class JobLockQuerySet(models.QuerySet["JobLock"]):
@@ -145,14 +153,18 @@ class JobLockQuerySet(models.QuerySet["JobLock"]):
             ),
         )
 
-    def running_long(self, factor: float | None = None) -> JobLockQuerySet:
-        """Held locks whose current run is running long (:func:`running_long`)."""
+    def running_long(
+        self, factor: float | None = None, warn_after: Mapping[str, float] | None = None
+    ) -> JobLockQuerySet:
+        """Held locks whose current run is running long (:func:`running_long`);
+        ``warn_after``: each job's that has one, in seconds, by name."""
         medians = JobRun.objects.using(self.db).medians()
         held = self.held().with_state().with_runs()
+        limits = warn_after or {}
         names = [
             lock.name
             for lock in held
-            if running_long(lock.running_for, medians.get(lock.name), factor)
+            if running_long(lock.running_for, medians.get(lock.name), factor, limits.get(lock.name))
         ]
         return self.filter(name__in=names)
 

@@ -135,6 +135,22 @@ def check_pause_after(pause_after: int | None) -> None:
         )
 
 
+def check_warn_after(
+    warn_after: DurationLike | None, time_limit: dt.timedelta | None
+) -> dt.timedelta | None:
+    """``warn_after``: a positive duration, shorter than the job's ``timeout`` if it
+    declares one (else a run would be stopped before it is ever running long)."""
+    if warn_after is None:
+        return None
+    limit = values.duration(warn_after, what="warn_after", positive=True)
+    if time_limit is not None and limit >= time_limit:
+        raise LockConfigurationError(
+            f"warn_after ({limit.total_seconds():g}s) must be shorter than the timeout "
+            f"({time_limit.total_seconds():g}s): a run is stopped at its timeout."
+        )
+    return limit
+
+
 def check_in_process(
     in_process: bool, time_limit: dt.timedelta | None, overlapping: Overlap
 ) -> None:
@@ -176,9 +192,11 @@ def declare(
     schedules: dict[str, dict[str, Any]] | None,
     pause_after: int | None,
     in_process: bool,
+    warn_after: DurationLike | None,
 ) -> Declaration:
     """``@exclusive_job``'s arguments, each checked at its door (LockConfigurationError)."""
     time_limit = check_lock_options(on_held, ttl, min_hold, wait, timeout)
+    long_after = check_warn_after(warn_after, time_limit)
     declared = declared_schedules(schedules, every, cron, timezone, kwargs, slot_tolerance)
     retries, backoff, policy, overlapping = scheduled_policies(
         declared, retries, retry_backoff, catch_up, catch_up_limit, catch_up_window, overlap
@@ -200,6 +218,7 @@ def declare(
         "retry_backoff": backoff,
         "pause_after": pause_after,
         "in_process": in_process,
+        "warn_after": long_after,
     }
     return Declaration(name, declared, spread, kwargs is not None, schedules is not None, shared)
 

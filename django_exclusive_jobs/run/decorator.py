@@ -50,6 +50,7 @@ def exclusive_job(
     schedules: dict[str, dict[str, Any]] | None = None,
     pause_after: int | None = None,
     in_process: bool = False,
+    warn_after: DurationLike | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -78,6 +79,7 @@ def exclusive_job(
     schedules: dict[str, dict[str, Any]] | None = None,
     pause_after: int | None = None,
     in_process: bool = False,
+    warn_after: DurationLike | None = None,
     **removed: Any,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
@@ -96,6 +98,7 @@ def exclusive_job(
     the job ``NAME:KEY``. ``timeout``: stop a run (started by the scheduler or
     ``run_exclusive``) that lasts longer. ``pause_after=N``: pause after N failed slots.
     ``in_process=True``: the scheduler runs it in a thread (no timeout, no cancel_other).
+    ``warn_after``: a run that lasts that long is running long (said, signalled) and goes on.
     ``ttl``, ``keepalive``, ``min_hold``, ``wait``, ``using``, ``slot_tolerance``: the
     lock's lease, its renewal, how long it stays closed, how long to wait for it, its
     database, how early a start may serve the coming slot. A function with a ``slot``

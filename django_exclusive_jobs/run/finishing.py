@@ -60,6 +60,8 @@ class Finishing(Saying):
         lock = self.lock
         assert lock is not None
         result.duration = (ended or time.monotonic()) - self._started
+        if self._long is not None:
+            self._long.stop()
         lock.stop_keepalive()
         signals.lock_lost.disconnect(self._lost_receiver, sender=Lock)
         try:

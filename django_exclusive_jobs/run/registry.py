@@ -60,6 +60,8 @@ class Job:
     # The arguments this run was asked for with (run now), over ``kwargs``: they win over
     # an operator's override of the kwargs too (see ``overrides.apply``).
     given: dict[str, Any] = field(default_factory=dict, hash=False)
+    # A run that lasts this long is "running long" (said, signalled) and goes on.
+    warn_after: dt.timedelta | None = None
 
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the
@@ -98,6 +100,11 @@ class Job:
         what = "The run's arguments (its declared kwargs updated by those given)"
         check_kwargs(self.func, self.with_arguments(given).kwargs, what=what)
         return given
+
+    @property
+    def warn_seconds(self) -> float | None:
+        """Its ``warn_after=`` in seconds; None: running long is judged by its median."""
+        return None if self.warn_after is None else self.warn_after.total_seconds()
 
     @property
     def time_limit(self) -> float | None:
@@ -200,6 +207,11 @@ def get_job(name: str) -> Job | None:
 
 def all_jobs() -> list[Job]:
     return sorted(_jobs.values(), key=lambda job: job.name)
+
+
+def warn_afters() -> dict[str, float]:
+    """Each job's ``warn_after=`` in seconds, by name (those that have one)."""
+    return {job.name: job.warn_seconds for job in _jobs.values() if job.warn_seconds is not None}
 
 
 def schedules_of(name: str) -> list[str]:

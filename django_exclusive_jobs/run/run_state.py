@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..lock.lock import Lock
 from .ending import RunResult
+from .long_runs import LongRunWatch
 from .registry import Job
 from .start import Start
 
@@ -50,6 +51,7 @@ class RunState:
     _finished: RunResult | None = None
     _state: JobState | None = None  # what operators decided, read by _in_force
     _state_read = False
+    _long: LongRunWatch | None = None  # its warn_after's watch, while it runs
 
     def __init__(
         self,

@@ -16,11 +16,12 @@ from ..lock.errors import LockHeld
 from ..lock.lock import Lock, process
 from ..lock.retry import run_statement
 from ..lock.validation import resolve_alias
-from ..logs import line
+from ..logs import Line, line
 from ..naming import holder_name
 from . import end_rows, history, overrides, run_requests, slot_locks
 from .ending import RunResult
 from .finishing import Finishing
+from .long_runs import LongRunWatch
 from .status import RunStatus
 
 if TYPE_CHECKING:
@@ -66,6 +67,11 @@ class Starting(Finishing):
         self.lock = lock
         self._started = time.monotonic()
         self._acquired = acquired
+        if self.job.warn_seconds is not None:
+            self._long = LongRunWatch(
+                self.name, lock, self.slot, self.job.warn_seconds, self._say_long
+            )
+            self._long.start()
         try:
             self._say_acquired(lock)
         except BaseException as exc:
@@ -121,6 +127,9 @@ class Starting(Finishing):
             backfill=self.backfilled,
             in_process=self.in_process,
         )
+
+    def _say_long(self, said: Line) -> None:
+        self._say(said, normal=False)
 
     def _slot_of_lock(self) -> dt.datetime | None:
         """``overlap="allow_all"``: the slot whose own lock this run takes (see

@@ -13,6 +13,7 @@ from django_exclusive_jobs.lock.validation import check_outside_transaction, res
 from django_exclusive_jobs.management.base import JobCommand, name_option, operator
 from django_exclusive_jobs.management.output import given, one_line
 from django_exclusive_jobs.models import JobLock, LockState
+from django_exclusive_jobs.run.registry import warn_afters
 
 EPILOG = """\
 list (the default) shows every lock; force-release frees a lock whoever holds it.
@@ -95,9 +96,9 @@ class Command(JobCommand):
         locks = JobLock.objects.using(alias)
         queryset = locks.listed(stale=stale)
         rows = run_statement(alias, lambda: list(queryset))
-        running_long = set(
-            run_statement(alias, lambda: list(locks.running_long().values_list("name", flat=True)))
-        )
+        limits = warn_afters()
+        long_ones = locks.running_long(warn_after=limits).values_list("name", flat=True)
+        running_long = set(run_statement(alias, lambda: list(long_ones)))
         now = database_now(alias)
         records = [
             {
