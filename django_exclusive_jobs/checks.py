@@ -182,6 +182,8 @@ def _check_run_settings(found: _Found) -> None:
         error("E011", "BUSY_TIMEOUT", "must not be negative.")
     if not isinstance(merged["LISTEN"], bool):
         error("E018", "LISTEN", "must be True or False.")
+    if not isinstance(merged["SKIP_SCHEDULES"], bool):
+        error("E019", "SKIP_SCHEDULES", "must be True or False.")
 
 
 def _check_output_settings(found: _Found) -> None:

@@ -40,6 +40,10 @@ DEFAULTS: dict[str, Any] = {
     # changes instead of polling for them every 5 s (not behind PgBouncer in transaction
     # mode: see run/listening.py). False: poll everywhere.
     "LISTEN": True,
+    # True: no scheduled slot starts here (the scheduler, run_exclusive's cron lines),
+    # while runs asked for now and backfills still do: a staging copy of production.
+    # Shown on every page, in --check, the health view and a metric.
+    "SKIP_SCHEDULES": False,
     # One OpenTelemetry span per run, on the server that won it (needs opentelemetry-api;
     # the project configures the SDK and its exporter).
     "OPENTELEMETRY": False,

@@ -14,6 +14,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from .conf import app_settings
 from .job_health import Health, JobHealth, iso, judge, when
 from .lock.acquire import prepare_locks
 from .lock.clock import database_now
@@ -38,6 +39,13 @@ from .run.tasks import result_status
 __all__ = ["Health", "JobHealth", "Overview", "overview", "schedule_in_words"]
 
 
+# SKIP_SCHEDULES in this process's settings, as --check, the health view and every page say it.
+SKIPPED_HERE = (
+    "schedules skipped here: SKIP_SCHEDULES is on, no slot starts on this server "
+    "(runs asked for now do)"
+)
+
+
 @dataclass
 class Overview:
     """Every declared job, the jobs only the history knows, and the schedulers."""
@@ -46,6 +54,28 @@ class Overview:
     jobs: list[JobHealth]
     undeclared: list[JobHealth]
     schedulers: list[Scheduler]  # known rows, newest beat first, read ``with_state()``
+    skipped_here: bool = False  # SKIP_SCHEDULES in this process's settings
+
+    @property
+    def skipping(self) -> list[Scheduler]:
+        """The live schedulers that start no slot (SKIP_SCHEDULES, --skip-schedules)."""
+        return [
+            row
+            for row in self.schedulers
+            if row.state == SchedulerState.ALIVE and row.skips_schedules  # type: ignore[attr-defined]
+        ]
+
+    @property
+    def switch_problems(self) -> list[str]:
+        """Schedules skipped here, or by a live scheduler: a line each (production with
+        the switch set by mistake is seen at once)."""
+        found = [SKIPPED_HERE] if self.skipped_here else []
+        found += [
+            f"scheduler {row}: skips schedules: it starts no slot, only runs asked for now "
+            "(SKIP_SCHEDULES or --skip-schedules)"
+            for row in self.skipping
+        ]
+        return found
 
     @property
     def schedulers_alive(self) -> int:
@@ -70,13 +100,14 @@ class Overview:
     def problems(self) -> list[str]:
         """One line per problem, for ``--check`` and the health view."""
         jobs = [f"{job.name}: {problem}" for job in self.jobs for problem in job.problems]
-        return jobs + self.scheduler_problems
+        return self.switch_problems + jobs + self.scheduler_problems
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "ok": not self.problems,
             "now": iso(self.now),
             "problems": self.problems,
+            "schedules_skipped_here": self.skipped_here,
             "schedulers_alive": self.schedulers_alive,
             "last_scheduler_beat": iso(self.last_beat),
             "schedulers": [_scheduler_dict(row) for row in self.schedulers],
@@ -103,7 +134,8 @@ def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
     for name in sorted(set(read.declared) | set(read.locks)):
         health = _job_health(read, name, slots)
         (result if health.declared else undeclared).append(health)
-    return Overview(read.now, result, undeclared, read.schedulers)
+    skipped = bool(app_settings.SKIP_SCHEDULES)
+    return Overview(read.now, result, undeclared, read.schedulers, skipped_here=skipped)
 
 
 @dataclass
@@ -189,7 +221,8 @@ def _job_health(read: _Read, name: str, slots: int) -> JobHealth:
         health.schedulers = sum(row.serves(name) for row in read.alive)
     if job is not None:
         _describe(health, job, read.now, slots)
-    judge(health, job, read.now, uses_schedulers=bool(read.schedulers))
+    skipped = bool(app_settings.SKIP_SCHEDULES)
+    judge(health, job, read.now, uses_schedulers=bool(read.schedulers), skipped=skipped)
     return health
 
 
@@ -297,6 +330,7 @@ def _scheduler_dict(row: Scheduler) -> dict[str, Any]:
         "instance": row.instance,
         "state": row.state,  # type: ignore[attr-defined]
         "jobs": row.jobs,
+        "skips_schedules": row.skips_schedules,
         "started_at": iso(row.started_at),
         "last_beat_at": iso(row.last_beat_at),
         "stopped_at": iso(row.stopped_at),

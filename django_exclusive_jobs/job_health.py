@@ -154,11 +154,20 @@ class JobHealth:
 Problem = tuple[Health, str]
 
 
-def judge(health: JobHealth, job: Job | None, now: dt.datetime, *, uses_schedulers: bool) -> None:
-    """Set the badge and one line per problem: the one definition of a job's health."""
+def judge(
+    health: JobHealth,
+    job: Job | None,
+    now: dt.datetime,
+    *,
+    uses_schedulers: bool,
+    skipped: bool = False,
+) -> None:
+    """Set the badge and one line per problem: the one definition of a job's health.
+    ``skipped``: schedules are skipped here (SKIP_SCHEDULES): its slots are not run on
+    purpose, and the one line that says so is the overview's."""
     found = [
         *_state_problems(health, job),
-        *_slot_problems(health, job, now, uses_schedulers=uses_schedulers),
+        *([] if skipped else _slot_problems(health, job, now, uses_schedulers=uses_schedulers)),
         *_request_problems(health, job),
         *_run_problems(health),
     ]

@@ -251,7 +251,13 @@ def _scheduler_families(jobs: Overview) -> list[Metric]:
     count = GaugeMetricFamily(
         f"{PREFIX}_schedulers_alive", "Schedulers beating now.", value=jobs.schedulers_alive
     )
-    return [alive, beat, count]
+    skipped = GaugeMetricFamily(
+        f"{PREFIX}_schedules_skipped",
+        "1 while scheduled slots are skipped: SKIP_SCHEDULES in the settings of the process "
+        "serving this, or a live scheduler started with --skip-schedules.",
+        value=float(jobs.skipped_here or bool(jobs.skipping)),
+    )
+    return [alive, beat, count, skipped]
 
 
 def _up(up: bool) -> GaugeMetricFamily:

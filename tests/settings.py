@@ -142,3 +142,7 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_exclusive_jobs": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# A process a test starts may be given the app's settings (JSON), as a deployment's would.
+if os.environ.get("EXCLUSIVE_JOBS_TEST_SETTINGS"):
+    EXCLUSIVE_JOBS = json.loads(os.environ["EXCLUSIVE_JOBS_TEST_SETTINGS"])

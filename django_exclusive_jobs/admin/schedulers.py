@@ -102,6 +102,8 @@ class SchedulerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description=gettext_lazy("jobs"))
     def served(self, row: Scheduler) -> str:
+        if row.skips_schedules:
+            return _("none: it skips schedules (only runs asked for now)")
         return ", ".join(row.jobs or [])
 
     @admin.action(

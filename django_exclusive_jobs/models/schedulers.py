@@ -120,6 +120,15 @@ class Scheduler(models.Model):
     pid = models.IntegerField(_("process id"))
     version = models.CharField(_("version"), max_length=64, blank=True)
     jobs = models.JSONField(_("jobs"), default=list, help_text=_("The jobs it serves."))
+    skips_schedules = models.BooleanField(
+        _("skips schedules"),
+        default=False,
+        db_default=False,
+        help_text=_(
+            "Started with --skip-schedules or SKIP_SCHEDULES: it starts no scheduled slot, "
+            "only runs asked for now and backfills."
+        ),
+    )
     free = models.PositiveIntegerField(
         _("free capacity"),
         null=True,

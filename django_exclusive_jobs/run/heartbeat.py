@@ -49,9 +49,10 @@ class Heartbeat:
     on PostgreSQL the same statement reads the live schedulers and the clock; where the
     scheduler polls, it can carry the look (:meth:`beat` with ``names``)."""
 
-    def __init__(self, using: str, jobs: list[str]) -> None:
+    def __init__(self, using: str, jobs: list[str], *, skips_schedules: bool = False) -> None:
         self.using = using
         self.jobs = jobs
+        self.skips_schedules = skips_schedules
         self.beats = 0
 
     def _rows(self) -> SchedulerQuerySet:
@@ -121,7 +122,8 @@ class Heartbeat:
     def _row(self, free: int | None) -> dict[str, Any]:
         """What its row says of it (beside the times its first beat writes)."""
         return {"instance": process.instance, "host": process.host, "pid": process.pid,
-                "version": __version__, "jobs": self.jobs, "free": free}  # fmt: skip
+                "version": __version__, "jobs": self.jobs, "free": free,
+                "skips_schedules": self.skips_schedules}  # fmt: skip
 
     def _first(self, free: int | None) -> None:
         """The first beat: its row."""

@@ -119,6 +119,11 @@ class Scheduler(Starts):
                 f"scheduler started: {len(self.served.jobs)} job(s), max {self.max_concurrent} at "
                 f"once; the database's clock is {self.clock.offset:+.3f}s from this server's"
             )
+            if self.skip_schedules:
+                said += (
+                    f"; schedules skipped (SKIP_SCHEDULES or --skip-schedules): no slot "
+                    f"starts here, {len(self.served.on_request)} job(s) run when asked for now"
+                )
             self.say(line("scheduler", said, status="started"))
             return
 

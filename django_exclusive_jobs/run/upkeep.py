@@ -50,9 +50,17 @@ class Upkeep:
         report: Callable[[str, bool], None] | None = None,
         max_runs: int | None = None,
         run_for: float | None = None,
+        skip_schedules: bool = False,
     ) -> None:
         # Each job as declared, and as it runs (with its operators' override), or
         # misconfigured; and the jobs whose "run now" requests it serves (serving.py).
+        # ``skip_schedules`` (SKIP_SCHEDULES, --skip-schedules): no slot of any job, only
+        # what is asked for now; its row says so and lists no job, so no other scheduler
+        # hands it a slot (spread.py).
+        self.skip_schedules = skip_schedules
+        if skip_schedules:
+            on_request = jobs if on_request is None else on_request
+            jobs = []
         self.served = ServedJobs(jobs, on_request, self.say)
         # Switches that let a test (or a one-off) drive it to completion: stop once
         # ``max_runs`` runs started here have ended, or after ``run_for`` seconds.
@@ -67,7 +75,8 @@ class Upkeep:
         self.report = report
         self.clock = DatabaseClock(using)
         # Every job it serves, with a schedule or only on request ("run now").
-        self.heartbeat = Heartbeat(using, self.served.names)
+        listed = [] if skip_schedules else self.served.names
+        self.heartbeat = Heartbeat(using, listed, skips_schedules=skip_schedules)
         # PostgreSQL: woken by a NOTIFY for requests and operators' changes (listening.py).
         self.listener = Listener(using)
         # Where it polls: the overrides' text its last look read, and a beat's look not

@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
+from django_exclusive_jobs.conf import app_settings
 from django_exclusive_jobs.integrations import flush as flush_integrations
 from django_exclusive_jobs.lock.validation import resolve_alias
 from django_exclusive_jobs.management.base import JobCommand, duration_option
@@ -70,6 +71,12 @@ class Command(JobCommand):
             help="on SIGTERM/SIGINT, how long running jobs may take to end before they are "
             "stopped (default 20s; keep it under your platform's kill timeout)",
         )
+        parser.add_argument(
+            "--skip-schedules",
+            action="store_true",
+            help="start no scheduled slot, only runs asked for now and backfills (a staging "
+            "copy; the setting SKIP_SCHEDULES does the same)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not settings_reproducible():
@@ -78,7 +85,8 @@ class Command(JobCommand):
                 "give them as a module (DJANGO_SETTINGS_MODULE), not settings.configure().",
                 returncode=EXIT_USAGE,
             )
-        jobs = self._jobs(options["jobs"], options["exclude"])
+        skip = options["skip_schedules"] or app_settings.SKIP_SCHEDULES
+        jobs = self._jobs(options["jobs"], options["exclude"], skip=skip)
         alias = resolve_alias(options["database"])
         if options["database"]:
             jobs = [replace(job, using=alias) for job in jobs]
@@ -99,6 +107,7 @@ class Command(JobCommand):
             grace=options["grace"].total_seconds(),
             # At verbosity 1, a server's skips (another server ran the slot) are left out.
             report=line_printer(self, logger, options["verbosity"], skips=False),
+            skip_schedules=skip,
         )
         code = 1  # run() raised
         try:
@@ -117,8 +126,11 @@ class Command(JobCommand):
         if code:
             sys.exit(code)
 
-    def _jobs(self, only: list[str] | None, exclude: list[str] | None) -> list[Job]:
-        """The jobs to serve: every job with a schedule, or those chosen; one-line errors."""
+    def _jobs(
+        self, only: list[str] | None, exclude: list[str] | None, *, skip: bool = False
+    ) -> list[Job]:
+        """The jobs to serve: every job with a schedule, or those chosen; one-line errors
+        (``skip``: schedules skipped, none needs one)."""
         known = {job.name: job for job in all_jobs()}
         for name in (only or []) + (exclude or []):
             if name not in known:
@@ -126,7 +138,7 @@ class Command(JobCommand):
                     f"Unknown job {name!r}: 'manage.py run_exclusive --list' shows the jobs.",
                     returncode=EXIT_USAGE,
                 )
-        if only:
+        if only and not skip:
             unscheduled = [name for name in only if known[name].schedule is None]
             if unscheduled:
                 raise CommandError(
@@ -141,7 +153,7 @@ class Command(JobCommand):
             and (not only or job.name in only)
             and job.name not in (exclude or [])
         ]
-        if not chosen:
+        if not chosen and not skip:
             raise CommandError(
                 "No job to schedule: none of the chosen jobs has every= or cron= in "
                 "@exclusive_job(...).",

@@ -16,7 +16,9 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from django_exclusive_jobs import values
+from django_exclusive_jobs.conf import app_settings
 from django_exclusive_jobs.lock.errors import LockConfigurationError
+from django_exclusive_jobs.logs import line
 from django_exclusive_jobs.management.base import JobCommand, duration_option
 from django_exclusive_jobs.management.output import line_printer, one_line
 from django_exclusive_jobs.run.arguments import describe as describe_arguments
@@ -96,6 +98,13 @@ class Command(JobCommand):
         job, make_target = self._target(name, program, extra, grace)
         job = job.but(**self._overrides(job, options))
         report = line_printer(self, logger, options["verbosity"])
+        if app_settings.SKIP_SCHEDULES:  # a cron line is a scheduled start
+            said = (
+                f"skipped {job.name}: schedules are skipped here (SKIP_SCHEDULES); "
+                f"'manage.py exclusive_jobs run {job.name}' runs it now"
+            )
+            report(line("skipped", said, job_name=job.name), True)
+            sys.exit(options["skipped_exit_code"])
 
         def make_run(due: dt.datetime | None) -> Run:
             """One run: a cron line fires at the slot, so it waits for the slot's start
