@@ -14,6 +14,8 @@ __all__ = [
     "LockDatabaseError",
     "LockHeld",
     "LockLost",
+    "RunInfo",
+    "current_run",
     "exclusive_job",
     "exclusive_lock",
     "force_release",
@@ -29,6 +31,8 @@ _LAZY = {
     "LockHeld": "lock.errors",
     "LockLost": "lock.errors",
     "Lock": "lock.lock",
+    "RunInfo": "run.run_info",
+    "current_run": "run.run_info",
     "exclusive_job": "run.decorator",
     "exclusive_lock": "lock.acquire",
     "force_release": "lock.acquire",
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
     )
     from .lock.lock import Lock
     from .run.decorator import exclusive_job
+    from .run.run_info import RunInfo, current_run
 
 
 def __getattr__(name: str) -> Any:

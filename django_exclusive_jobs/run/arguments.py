@@ -16,9 +16,9 @@ from .. import values
 from ..lock.errors import LockConfigurationError
 from ..naming import describe_arguments
 
-# What each run gives a function that takes it: the slot it serves, and its lock's
-# fencing token (for writes that must refuse a holder that was taken over).
-GIVEN = ("slot", "token")
+# What each run gives a function that takes it: the slot it serves, its lock's fencing
+# token (for writes that must refuse a holder that was taken over), and the run itself.
+GIVEN = ("slot", "token", "run")
 
 
 def check_kwargs(

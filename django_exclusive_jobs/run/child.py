@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..lock.lock import Lock
 from ..logs import extra
+from .run_info import current_run
 from .shutdown import Interrupted, TimedOut
 
 logger = logging.getLogger("django_exclusive_jobs")
@@ -49,8 +50,11 @@ class ChildProgram:
     def __call__(self, lock: Lock) -> ChildExit:
         if self.signum is not None:  # asked to stop before the program even started
             raise Interrupted(self.signum)
-        # Its own process group, so a stop reaches the program's own children too.
-        self.process = subprocess.Popen(self.argv, start_new_session=True)
+        # Its own process group, so a stop reaches the program's own children too; the
+        # run's facts in its environment (run_info.ENVIRONMENT).
+        run = current_run()
+        env = {**os.environ, **run.environment()} if run is not None else None
+        self.process = subprocess.Popen(self.argv, start_new_session=True, env=env)
         while True:
             try:
                 returncode = self.process.wait(timeout=0.1)

@@ -12,6 +12,7 @@ from ..lock.errors import LockConfigurationError, LockHeld
 from ..lock.lock import Lock
 from .declaration import Declaration, declare, make_jobs, refuse_removed
 from .registry import Job, register
+from .run_info import current_run
 from .runner import Run, RunResult
 from .start import Start
 from .status import RunStatus
@@ -188,13 +189,16 @@ def _async_wrapper(job: Job) -> Callable[..., Any]:
 
 
 def _given(job: Job, run: Run, lock: Lock, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The caller's keyword arguments, plus ``slot`` and ``token`` (the lock's fencing
-    token) if the function takes them and the caller did not give them."""
+    """The caller's keyword arguments, plus ``slot``, ``token`` (the lock's fencing token)
+    and ``run`` (its ``RunInfo``) if the function takes them and the caller did not give
+    them."""
     given: dict[str, Any] = {}
     if job.wants_slot and "slot" not in kwargs:
         given["slot"] = run.job_slot
     if job.wants_token and "token" not in kwargs:
         given["token"] = lock.token
+    if job.wants_run and "run" not in kwargs:
+        given["run"] = current_run()
     return {**kwargs, **given}
 
 

@@ -33,6 +33,7 @@ from . import forkserver
 from .forkserver import ForkServer
 from .guard import STOPS, Guard, Limits, timeout_at
 from .registry import get_job
+from .run_info import RunInfo, running
 from .shutdown import Interrupted, stop_on_signals
 from .tasks import Enqueued
 from .tracebacks import TRACEBACK_LIMIT, bounded_traceback
@@ -124,6 +125,7 @@ class JobProcess:
         kwargs: dict[str, Any] | None = None,
         trace: dict[str, str] | None = None,
         token: int | None = None,
+        info: RunInfo | None = None,
     ) -> None:
         self.name = name
         self.grace = grace
@@ -135,7 +137,7 @@ class JobProcess:
         self.reader = Connection(ours.detach())
         try:
             self.child = _server.start(
-                (name, slot, deadline, margin, timeout, kwargs or {}, trace or {}, token),
+                (name, slot, deadline, margin, timeout, kwargs or {}, trace or {}, token, info),
                 theirs.fileno(),
             )
         except BaseException:
@@ -222,6 +224,7 @@ def main(
     kwargs: dict[str, Any],
     trace: dict[str, str],
     token: int | None = None,
+    info: RunInfo | None = None,
     *,
     report: Connection,
     setup_failure: str = "",
@@ -240,6 +243,7 @@ def main(
         kwargs,
         token,
         trace,
+        info=info,
         setup_failure=setup_failure,
         around=stop_on_signals,
         flush=True,  # what it traced: this process ends with os._exit
@@ -267,6 +271,7 @@ def execute(
     token: int | None,
     trace: dict[str, str],
     *,
+    info: RunInfo | None = None,
     setup_failure: str = "",
     around: Callable[[], AbstractContextManager[Any]] = nullcontext,
     flush: bool = False,
@@ -288,8 +293,8 @@ def execute(
         job = get_job(name)
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
-        with around(), _traced(trace, flush=flush):
-            value = job.with_arguments(kwargs).call(slot, token)
+        with around(), _traced(trace, flush=flush), running(info):
+            value = job.with_arguments(kwargs).call(slot, token, info)
             ended = time.monotonic()  # before its spans are exported
             if after_job is not None:
                 after_job()

@@ -172,14 +172,22 @@ class Job:
         """The function takes a ``token`` argument: it is given its lock's fencing token."""
         return "token" in inspect.signature(self.func).parameters
 
-    def call(self, slot: dt.datetime | None, token: int | None = None) -> Any:
-        """Run the function as a scheduled start does: with its ``kwargs``, ``slot`` and
-        ``token`` (the run's fencing token), the last two if it takes them."""
+    @property
+    def wants_run(self) -> bool:
+        """The function takes a ``run`` argument: it is given its run (``RunInfo``)."""
+        return "run" in inspect.signature(self.func).parameters
+
+    def call(self, slot: dt.datetime | None, token: int | None = None, run: Any = None) -> Any:
+        """Run the function as a scheduled start does: with its ``kwargs``, ``slot``,
+        ``token`` (the run's fencing token) and ``run`` (its ``RunInfo``), the last three
+        if it takes them."""
         kwargs = copy.deepcopy(self.kwargs)  # a run that changes them changes no other run
         if self.wants_slot:
             kwargs["slot"] = slot
         if self.wants_token:
             kwargs["token"] = token
+        if self.wants_run:
+            kwargs["run"] = run
         if self.is_async:
             from asgiref.sync import async_to_sync
 

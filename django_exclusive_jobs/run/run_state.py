@@ -16,6 +16,7 @@ from ..lock.lock import Lock
 from .ending import RunResult
 from .long_runs import LongRunWatch
 from .registry import Job
+from .run_info import RunInfo
 from .start import Start
 
 if TYPE_CHECKING:
@@ -112,6 +113,39 @@ class RunState:
             return self.slot
         acquired = self.lock.acquired_at
         return self.job.schedule.slot_at(acquired) if acquired is not None else None
+
+    def info(self, lock: Lock) -> RunInfo:
+        """What its job is told of this run (``run=``, the environment of a program): a
+        value, fixed once the run holds its lock and its slot."""
+        slot, acquired = self.job_slot, lock.acquired_at
+        limit = self.job.time_limit if self.supervised or not self.in_process else None
+        return RunInfo(
+            name=self.name,
+            slot=slot,
+            attempt=self.attempt,
+            token=lock.token,
+            why=self._why(acquired),
+            requested_by=self.reason.by or None,
+            lease_until=lock.expires_at,
+            deadline=None
+            if limit is None or acquired is None
+            else acquired + dt.timedelta(seconds=limit),
+        )
+
+    def _why(self, acquired: dt.datetime | None) -> str:
+        """Why it runs, in the job's words (``run_info.WHY``)."""
+        if self.backfilled:
+            return "backfill"
+        if self.reason.asked:
+            return "run_now"
+        if self.attempt > 1:
+            return "retry"
+        if self.reason.reason == "call":
+            return "call"
+        schedule, slot = self.job.schedule, self.slot
+        if schedule and slot and acquired and schedule.next_after(slot) <= acquired:
+            return "catch_up"  # a later slot had begun when it started
+        return "scheduled"  # its slot, or a cron line of a job without a schedule
 
     @property
     def request(self) -> RunRequest | None:

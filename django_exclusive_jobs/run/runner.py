@@ -38,6 +38,7 @@ from .ending import (
 from .ending import stopped_while_running as _stopped_while_running
 from .executing import Executing
 from .process import JobProcess, Outcome
+from .run_info import running
 from .shutdown import Cancelled, Interrupted, TimedOut, stop_on_signals
 from .status import RunStatus
 from .thread import JobThread
@@ -84,14 +85,15 @@ class Run(Executing):
         if isinstance(started, RunResult):
             return started
         result = self.begin(started)
-        with self._executing(result):
+        info = self.info(started)
+        with self._executing(result), running(info):
             self._may_start(started)
             with self._stoppable(started), self._time_limit():
                 target = target or self.target
                 if target:
                     result.value = target(started)
                 else:
-                    result.value = self.job.call(self.job_slot, started.token)
+                    result.value = self.job.call(self.job_slot, started.token, info)
                 self.returned = True  # a timeout that fires from now on is too late
         result = self.finish(result)
         stopped = (RunStatus.INTERRUPTED, RunStatus.CANCELLED)
@@ -116,7 +118,7 @@ class Run(Executing):
         if isinstance(started, RunResult):
             return started
         result = self.begin(started)
-        with self._executing(result):
+        with self._executing(result), running(self.info(started)):
             self._may_start(started)
             result.value = await target(started)
         await sync_to_async(self.finish, thread_sensitive=True)(result)
@@ -135,6 +137,7 @@ class Run(Executing):
                     kwargs=self.job.kwargs,
                     trace=trace_context(lock),
                     token=lock.token,
+                    info=self.info(lock),
                 )
             margin = watchdog_margin(lock.ttl.total_seconds())
             child = JobProcess(
@@ -147,6 +150,7 @@ class Run(Executing):
                 kwargs=self.job.kwargs,
                 trace=trace_context(lock),
                 token=lock.token,
+                info=self.info(lock),
             )
             # Each renewal reaches the child's guard, which stops the job by itself when
             # none comes in time.

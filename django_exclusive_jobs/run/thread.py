@@ -38,6 +38,7 @@ from typing import Any
 from django.db import connections
 
 from .process import Outcome, execute
+from .run_info import RunInfo
 
 
 class JobThread:
@@ -54,6 +55,7 @@ class JobThread:
         kwargs: dict[str, Any] | None = None,
         trace: dict[str, str] | None = None,
         token: int | None = None,
+        info: RunInfo | None = None,
     ) -> None:
         # The thread writes one byte here when the job has ended: the scheduler's wait
         # wakes on it as on a child process's exit.
@@ -62,7 +64,7 @@ class JobThread:
         self._ended = False  # all the thread has left to do is wake the scheduler
         self._thread = threading.Thread(
             target=self._run,
-            args=(name, slot, kwargs or {}, token, trace or {}),
+            args=(name, slot, kwargs or {}, token, trace or {}, info),
             name=f"exclusive-jobs-run:{name}",
             daemon=True,
         )
@@ -73,10 +75,16 @@ class JobThread:
             raise
 
     def _run(
-        self, name: str, slot: Any, kwargs: dict[str, Any], token: int | None, trace: Any
+        self,
+        name: str,
+        slot: Any,
+        kwargs: dict[str, Any],
+        token: int | None,
+        trace: Any,
+        info: RunInfo | None,
     ) -> None:
         try:
-            self._report = execute(name, slot, kwargs, token, trace)
+            self._report = execute(name, slot, kwargs, token, trace, info=info)
             with suppress(Exception):
                 connections.close_all()  # this thread's
         finally:

@@ -11,6 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from django_exclusive_jobs import exclusive_job
 
@@ -375,3 +376,27 @@ if os.environ.get("EXCLUSIVE_JOBS_TEST_REQUEST_POLL"):
 
     assert hasattr(_scheduler, "REQUEST_POLL"), "the scheduler's poll has moved: follow it here"
     _scheduler.REQUEST_POLL = float(os.environ["EXCLUSIVE_JOBS_TEST_REQUEST_POLL"])
+
+
+def facts_line(facts: dict[str, object]) -> None:
+    """One line ``facts {JSON}`` in $MARKER (tests/test_run_info.py)."""
+    path = os.environ.get("MARKER")
+    if path:
+        with open(path, "a") as handle:
+            handle.write(f"facts {json.dumps(facts, sort_keys=True)}\n")
+
+
+@exclusive_job("run_facts", every="1h", timeout="10m")
+def run_facts(run: Any, slot: object, token: int) -> None:
+    """What it is told of its run, with ``slot=`` and ``token=`` beside it."""
+    from dataclasses import asdict
+
+    from django_exclusive_jobs import current_run
+
+    facts = {
+        key: value.isoformat() if hasattr(value, "isoformat") else value
+        for key, value in asdict(run).items()
+    }
+    facts.update(slot_given=str(slot), token_given=token, current=current_run() == run)
+    facts["pid"] = os.getpid()
+    facts_line(facts)

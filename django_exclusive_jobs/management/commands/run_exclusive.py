@@ -27,6 +27,7 @@ from django_exclusive_jobs.run.child import ChildProgram
 from django_exclusive_jobs.run.jitter import make_jitter
 from django_exclusive_jobs.run.registry import Job, all_jobs, get_job, schedules_of
 from django_exclusive_jobs.run.retries import make_retries
+from django_exclusive_jobs.run.run_info import current_run, in_environment
 from django_exclusive_jobs.run.runner import EXIT_USAGE, Run, call_each_due
 from django_exclusive_jobs.run.schedules import make_schedule, with_tolerance
 from django_exclusive_jobs.run.start import Start
@@ -221,7 +222,12 @@ class Command(JobCommand):
                 raise CommandError(f"Unknown option(s): {' '.join(extra)}", returncode=2)
             return job, lambda: (None, None)
         if name in get_commands() and name != "run_exclusive":
-            return Job(name, _noop), lambda: (lambda lock: call_command(name, *extra), None)
+
+            def a_command(lock: Any) -> Any:
+                with in_environment(current_run()):  # the run's facts, as a program's
+                    return call_command(name, *extra)
+
+            return Job(name, _noop), lambda: (a_command, None)
         raise CommandError(_unknown(name), returncode=EXIT_USAGE)
 
     def _list(self) -> None:
