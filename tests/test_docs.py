@@ -804,6 +804,24 @@ def test_celery_sample(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run.slot is not None and (run.slot.hour, run.slot.minute) == (2, 30)
 
 
+def test_celery_beat_moved_sample(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job that replaces a beat entry sends the task once per slot, with the slot's
+    day (a stand-in Celery app records what is sent)."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(name: str, kwargs: dict[str, Any]) -> None:
+        sent.append((name, kwargs))
+
+    app = types.SimpleNamespace(send_task=send_task)
+    monkeypatch.setitem(sys.modules, "celery", types.SimpleNamespace(current_app=app))
+    module = load_sample("celery_beat_moved")
+    module.send_invoices()
+    module.send_invoices()  # a second server's send of the same slot: none
+    [run] = runs_of("send_invoices")
+    assert run.slot is not None
+    assert sent == [("reports.tasks.send_invoices", {"day": run.slot.date().isoformat()})]
+
+
 def test_django_tasks_sample(sqlite: str, django_tasks: None) -> None:
     """Below @task, the lock is taken by whatever runs the task: here the immediate
     backend, in this process (the test settings' default backend only stores tasks)."""
