@@ -10,9 +10,13 @@ import datetime as dt
 import itertools
 import random
 import signal
+import sqlite3
 import subprocess
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
+
+from django.db import connections
 
 from django_exclusive_jobs.models import JobRun, Scheduler
 from django_exclusive_jobs.run import spread
@@ -383,6 +387,37 @@ def test_a_handoff_stays_within_an_eighth_of_the_interval_and_half_the_tolerance
     assert spread.handoff(tight, T0, 1) == dt.timedelta(seconds=0.25)  # 1 s tolerance / 4
 
 
+def stopped(pid: int) -> bool:
+    """The process is stopped (state T in /proc)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def sqlite_unlocked(alias: str) -> bool:
+    """No process holds a lock on the SQLite file for long: an exclusive one is had within
+    0.5 s (in its rollback-journal mode, a reader's lock stops others' commits too)."""
+    path = connections[alias].settings_dict["NAME"]
+    with closing(sqlite3.connect(path, timeout=0.5, isolation_level=None)) as probe:
+        try:
+            probe.execute("BEGIN EXCLUSIVE")
+        except sqlite3.OperationalError:  # "database is locked"
+            return False
+        probe.execute("ROLLBACK")
+    return True
+
+
+def freeze_outside_a_write(process: subprocess.Popen[str], alias: str) -> None:
+    """SIGSTOP ``process``. On SQLite, not while it holds a lock on the file: frozen there,
+    it would stop every other process's writes, which no database server does (see
+    docs/guarantees.md, SQLite): thawed and frozen again until it holds none."""
+    for _ in range(50):
+        process.send_signal(signal.SIGSTOP)
+        wait_for(lambda: stopped(process.pid), 10)
+        if connections[alias].vendor != "sqlite" or sqlite_unlocked(alias):
+            return
+        process.send_signal(signal.SIGCONT)
+    raise AssertionError("the scheduler held a lock on the SQLite file at each of 50 freezes")
+
+
 def test_a_frozen_first_choices_slots_are_taken_over_within_the_slot(
     alias: str, marker: Path, schedulers: list[subprocess.Popen[str]]
 ) -> None:
@@ -396,7 +431,7 @@ def test_a_frozen_first_choices_slots_are_taken_over_within_the_slot(
     succeeded = JobRun.objects.using(alias).filter(status="succeeded")
     wait_for(lambda: succeeded.count() >= 9, 120)
     frozen = started[0]
-    frozen.send_signal(signal.SIGSTOP)
+    freeze_outside_a_write(frozen, alias)
     try:
         since = JobRun.objects.using(alias).order_by("-slot").values_list("slot", flat=True)[0]
         # Ten slots of each job (20 s, well within the 45 s it still looks alive).
