@@ -46,3 +46,13 @@ def test_every_layer_names_a_module_or_package() -> None:
     modules = _modules()
     for name in _layers():
         assert any(m == name or m.startswith(name + ".") for m in modules), name
+
+
+def test_no_module_over_450_lines_and_no_function_over_60() -> None:
+    """The sizes "one core" set (scripts/sizes.py says which, and exits 1 on any)."""
+    import subprocess
+    import sys
+
+    sizes = [sys.executable, str(ROOT / "scripts" / "sizes.py"), str(ROOT)]
+    done = subprocess.run(sizes, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout

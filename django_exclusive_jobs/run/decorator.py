@@ -84,27 +84,23 @@ def exclusive_job(
     **removed: Any,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
-
     When another server holds the lock the function does not run: the call logs one INFO
     line and returns None (``on_held="raise"``: :class:`LockHeld`). The job is registered
-    for ``manage.py run_exclusive NAME`` and the scheduler; ``async def`` works too.
+    for ``run_exclusive NAME`` and the scheduler; ``async def`` works too.
 
-    ``every="1h"`` or ``cron="0 * * * *"`` (with ``timezone=``): each slot runs once,
-    across servers. ``retries``/``retry_backoff``: a slot whose run did not succeed runs
-    again. ``catch_up`` (``"latest"``, ``"skip"``, ``"all"``; ``catch_up_limit``,
-    ``catch_up_window``): what a late start runs. ``overlap`` (``"skip"``,
-    ``"buffer_one"``, ``"buffer_all"``, ``"cancel_other"``, ``"allow_all"``): what becomes
-    of slots that come during a run. ``jitter``: start each slot up to that long after it.
-    ``kwargs``: the runs' JSON keyword arguments; ``schedules``: several schedules, each
-    the job ``NAME:KEY``. ``timeout``: stop a run (started by the scheduler or
-    ``run_exclusive``) that lasts longer. ``pause_after=N``: pause after N failed slots.
-    ``in_process=True``: the scheduler runs it in a thread (no timeout, no cancel_other).
-    ``warn_after``: a run that lasts that long is running long (said, signalled) and goes on.
-    ``ttl``, ``keepalive``, ``min_hold``, ``wait``, ``using``, ``slot_tolerance``: the
-    lock's lease, its renewal, how long it stays closed, how long to wait for it, its
-    database, how early a start may serve the coming slot. A function with a ``slot``
-    parameter gets its slot (UTC); with ``token``, its lock's fencing token. Durations:
-    seconds, or ``"90s"``, ``"15m"``, ``"1h"``. Defaults, bounds: docs/reference/api.md.
+    ``every="1h"`` or ``cron="0 * * * *"`` (``timezone=``): each slot runs once, across
+    servers. ``retries``/``retry_backoff``: a slot whose run did not succeed runs again.
+    ``catch_up`` (``"latest"``, ``"skip"``, ``"all"``; ``catch_up_limit``,
+    ``catch_up_window``): what a late start runs. ``overlap`` (``"skip"``, ``"buffer_one"``,
+    ``"buffer_all"``, ``"cancel_other"``, ``"allow_all"``): slots that come during a run.
+    ``jitter``: start each slot up to that long after it. ``kwargs``: the runs' JSON
+    arguments; ``schedules``: several schedules, each the job ``NAME:KEY``. ``timeout``:
+    stop a longer run. ``pause_after=N``: pause after N failed slots. ``in_process=True``:
+    the scheduler runs it in a thread. ``warn_after``: a run that lasts that long is said
+    running long. ``ttl``, ``keepalive``, ``min_hold``, ``wait``, ``using``,
+    ``slot_tolerance``: the lock's lease, renewal, closed time, wait, database, early
+    allowance. A function with ``slot``, ``token`` or ``run`` parameters gets them.
+    Durations: seconds or ``"90s"``, ``"15m"``, ``"1h"``. Defaults, bounds: docs/reference/api.md.
     """
     # Every argument but these two (at the top, ``locals()`` holds just the arguments).
     options = {key: value for key, value in locals().items() if key not in ("name", "removed")}

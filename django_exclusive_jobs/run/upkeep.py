@@ -54,14 +54,8 @@ class Upkeep:
     ) -> None:
         # Each job as declared, and as it runs (with its operators' override), or
         # misconfigured; and the jobs whose "run now" requests it serves (serving.py).
-        # ``skip_schedules`` (SKIP_SCHEDULES, --skip-schedules): no slot of any job, only
-        # what is asked for now; its row says so and lists no job, so no other scheduler
-        # hands it a slot (spread.py).
         self.skip_schedules = skip_schedules
-        if skip_schedules:
-            on_request = jobs if on_request is None else on_request
-            jobs = []
-        self.served = ServedJobs(jobs, on_request, self.say)
+        self.served = self._served(jobs, on_request)
         # Switches that let a test (or a one-off) drive it to completion: stop once
         # ``max_runs`` runs started here have ended, or after ``run_for`` seconds.
         self.max_runs = max_runs
@@ -77,7 +71,6 @@ class Upkeep:
         # Every job it serves, with a schedule or only on request ("run now").
         listed = [] if skip_schedules else self.served.names
         self.heartbeat = Heartbeat(using, listed, skips_schedules=skip_schedules)
-        # PostgreSQL: woken by a NOTIFY for requests and operators' changes (listening.py).
         self.listener = Listener(using)
         # Where it polls: the overrides' text its last look read, and a beat's look not
         # yet used for the requests (scheduler.py).
@@ -103,6 +96,14 @@ class Upkeep:
         self.left_running: list[str] = []
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
+
+    def _served(self, jobs: list[Job], on_request: list[Job] | None) -> ServedJobs:
+        """What it serves. With ``skip_schedules`` (SKIP_SCHEDULES, --skip-schedules) no
+        slot of any job, only what is asked for now: its row says so and lists no job, so
+        no other scheduler hands it a slot (spread.py)."""
+        if self.skip_schedules:
+            return ServedJobs([], jobs if on_request is None else on_request, self.say)
+        return ServedJobs(jobs, on_request, self.say)
 
     def say(self, said: Line, normal: bool = True) -> None:
         """One line: to the log, and to ``report`` (the command's output), naming this
