@@ -95,6 +95,9 @@ def main() -> None:
     from django_exclusive_jobs.run.forkserver import _set_up_django
 
     failure = _set_up_django()
+    from django_exclusive_jobs.run.process import _read_once
+
+    _read_once()  # as the fork server does once set up
     if failure:
         sys.exit(failure)
     rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024

@@ -171,15 +171,19 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes | None:
 # --- in the fork server ---------------------------------------------------------------
 
 
-def serve(fd: int, child: Callable[..., None]) -> None:
+def serve(fd: int, child: Callable[..., None], set_up: Callable[[], None] | None = None) -> None:
     """The server's loop: fork a child per request, which runs ``child(*request,
-    report=..., setup_failure=...)`` (``process.main``), and report each child's exit."""
+    report=..., setup_failure=...)`` (``process.main``), and report each child's exit;
+    ``set_up()`` once Django is set up (what the children then inherit)."""
     # A SIGTERM sent to the whole process group (kill -- -PGID, tini -g, supervisord's
     # stopasgroup) must not take the server down with its running jobs.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests = socket.socket(fileno=fd)
     failure = _set_up_django()
+    if not failure and set_up is not None:
+        with suppress(Exception):  # only a saving: a child reads it again if need be
+            set_up()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)

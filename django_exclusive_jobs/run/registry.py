@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import functools
 import inspect
 import traceback
 import zoneinfo
@@ -154,7 +155,7 @@ class Job:
     @property
     def wants_slot(self) -> bool:
         """The function takes a ``slot`` argument: it is given the slot it serves."""
-        return "slot" in inspect.signature(self.func).parameters
+        return "slot" in parameters_of(self.func)
 
     @property
     def zone(self) -> zoneinfo.ZoneInfo:
@@ -170,12 +171,12 @@ class Job:
     @property
     def wants_token(self) -> bool:
         """The function takes a ``token`` argument: it is given its lock's fencing token."""
-        return "token" in inspect.signature(self.func).parameters
+        return "token" in parameters_of(self.func)
 
     @property
     def wants_run(self) -> bool:
         """The function takes a ``run`` argument: it is given its run (``RunInfo``)."""
-        return "run" in inspect.signature(self.func).parameters
+        return "run" in parameters_of(self.func)
 
     def call(self, slot: dt.datetime | None, token: int | None = None, run: Any = None) -> Any:
         """Run the function as a scheduled start does: with its ``kwargs``, ``slot``,
@@ -193,6 +194,14 @@ class Job:
 
             return async_to_sync(self.func)(**kwargs)
         return self.func(**kwargs)
+
+
+@functools.cache
+def parameters_of(func: Callable[..., Any]) -> frozenset[str]:
+    """The names of ``func``'s parameters, read once per function: the fork server reads
+    them for every job before it forks (see ``process.serve_forks``), so a run's child
+    does not."""
+    return frozenset(inspect.signature(func).parameters)
 
 
 _jobs: dict[str, Job] = {}
