@@ -423,6 +423,7 @@ def test_list_shows_registered_jobs() -> None:
         "overlong",
         "overrun",
         "quick",
+        "run_facts",
         "slow",
         "spin",
         "steady",
