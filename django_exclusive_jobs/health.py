@@ -134,8 +134,7 @@ def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
     for name in sorted(set(read.declared) | set(read.locks)):
         health = _job_health(read, name, slots)
         (result if health.declared else undeclared).append(health)
-    skipped = bool(app_settings.SKIP_SCHEDULES)
-    return Overview(read.now, result, undeclared, read.schedulers, skipped_here=skipped)
+    return Overview(read.now, result, undeclared, read.schedulers, skipped_here=read.skipped)
 
 
 @dataclass
@@ -154,6 +153,7 @@ class _Read:
     states: dict[str, JobState]
     last_runs: dict[str, list[JobRun]]
     requests: dict[str, list[RunRequest]]
+    skipped: bool  # SKIP_SCHEDULES in this process's settings, read once
 
     @classmethod
     def of(cls, using: str, recent: int) -> _Read:
@@ -196,6 +196,7 @@ class _Read:
             states,
             last_runs,
             requests,
+            bool(app_settings.SKIP_SCHEDULES),
         )
 
 
@@ -221,8 +222,7 @@ def _job_health(read: _Read, name: str, slots: int) -> JobHealth:
         health.schedulers = sum(row.serves(name) for row in read.alive)
     if job is not None:
         _describe(health, job, read.now, slots)
-    skipped = bool(app_settings.SKIP_SCHEDULES)
-    judge(health, job, read.now, uses_schedulers=bool(read.schedulers), skipped=skipped)
+    judge(health, job, read.now, uses_schedulers=bool(read.schedulers), skipped=read.skipped)
     return health
 
 

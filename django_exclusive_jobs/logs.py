@@ -136,6 +136,15 @@ def extra(event: str, **fields: Any) -> dict[str, Any]:
     return {"exclusive_jobs": fields_of, **fields_of}
 
 
+def send_robustly(signal: Any, name: str, log_fields: dict[str, Any], /, **kwargs: Any) -> None:
+    """Send ``signal`` (named ``name``) with ``kwargs`` to every receiver: one that raises
+    is an ERROR line with its traceback and ``log_fields`` (:func:`extra`), never the
+    sender's exception (what it reports has happened already)."""
+    for receiver, answer in signal.send_robust(**kwargs):
+        if isinstance(answer, Exception):
+            logger.error("%s receiver %r raised", name, receiver, exc_info=answer, extra=log_fields)
+
+
 def say(report: Callable[[str, bool], None] | None, said: Line, *, normal: bool = True) -> None:
     """Log ``said`` (INFO, or WARNING when not ``normal``) with its fields, and hand it to
     ``report`` (a command's output)."""

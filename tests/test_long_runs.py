@@ -127,3 +127,28 @@ def test_a_run_past_its_warn_after_is_said_signalled_shown_and_goes_on(
     assert run.status == "succeeded"
     assert run.duration is not None and run.duration >= 0.2
     assert dt.timedelta(seconds=run.duration) < dt.timedelta(seconds=30)
+
+
+def test_a_receiver_that_raises_is_one_error_line_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    said: list[str] = []
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("the pager is down")
+
+    signals.job_running_long.connect(broken, dispatch_uid="broken-receiver")
+    try:
+        lock = type("Held", (), {"token": 1, "holder": "h:1:i"})()
+        watch = LongRunWatch("slow_one", lock, None, 0.01, said.append)  # type: ignore[arg-type]
+        with caplog.at_level(logging.ERROR, logger="django_exclusive_jobs"):
+            watch._tell()  # what the waker's thread runs: raises nothing
+    finally:
+        signals.job_running_long.disconnect(dispatch_uid="broken-receiver")
+    assert [line.split(":")[0] for line in said] == ["running long slow_one"]
+    ours = [r for r in caplog.records if r.name == "django_exclusive_jobs"]  # not Django's own
+    [record] = [r for r in ours if r.levelno == logging.ERROR]
+    assert record.getMessage().startswith("job_running_long receiver <function ")
+    assert record.getMessage().endswith(" raised")
+    assert record.exc_info is not None and "the pager is down" in str(record.exc_info[1])
+    assert record.job_name == "slow_one"  # type: ignore[attr-defined]

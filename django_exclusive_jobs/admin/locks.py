@@ -20,7 +20,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..models import JobLock, JobLockQuerySet, JobRun, LockState, running_long
-from ..run.registry import warn_afters
+from ..run.registry import get_job, warn_afters
 from .display import duration, span, timestamp
 
 MEANING = {
@@ -166,7 +166,8 @@ class JobLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         shown = format_html(
             "{} / {}", duration(elapsed), "—" if median is None else duration(median)
         )
-        if running_long(elapsed, median, warn_after=warn_afters().get(lock.name)):
+        job = get_job(lock.name)
+        if running_long(elapsed, median, warn_after=job.warn_seconds if job else None):
             badge = '<span class="exclusive-jobs-badge exclusive-jobs-running-long">{}</span>'
             return format_html("{} " + badge, shown, _("running long"))
         return shown

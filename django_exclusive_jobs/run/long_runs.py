@@ -5,7 +5,6 @@ health view, ``--check`` and the metric show it (``models.running_long``)."""
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -14,8 +13,6 @@ from .. import logs, signals
 from ..lock.keepalive import wake_at
 from ..lock.lock import Lock
 from ..logs import line
-
-logger = logging.getLogger("django_exclusive_jobs")
 
 
 class LongRunWatch:
@@ -60,7 +57,10 @@ class LongRunWatch:
         )
         fields = {"token": self.lock.token, "holder": self.lock.holder, "slot": self.slot}
         self._say(line("running_long", said, job_name=self.name, duration=running_for, **fields))
-        answers = signals.job_running_long.send_robust(
+        logs.send_robustly(
+            signals.job_running_long,
+            "job_running_long",
+            logs.extra("running_long", job_name=self.name),
             sender=self.name,
             name=self.name,
             lock=self.lock,
@@ -68,11 +68,3 @@ class LongRunWatch:
             running_for=running_for,
             warn_after=self.after,
         )
-        for receiver, answer in answers:
-            if isinstance(answer, Exception):
-                logger.error(
-                    "job_running_long receiver %r raised",
-                    receiver,
-                    exc_info=answer,
-                    extra=logs.extra("running_long", job_name=self.name),
-                )

@@ -13,9 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-# Why a run started, in the order a start is told apart.
-WHY = ("scheduled", "catch_up", "retry", "run_now", "backfill", "call")
-
 # Each fact's environment variable (a time in ISO 8601, UTC; a missing one is unset).
 ENVIRONMENT = {
     "name": "EXCLUSIVE_JOBS_NAME",

@@ -133,7 +133,7 @@ class RunState:
         )
 
     def _why(self, acquired: dt.datetime | None) -> str:
-        """Why it runs, in the job's words (``run_info.WHY``)."""
+        """Why it runs, in the job's words (``RunInfo.why``)."""
         if self.backfilled:
             return "backfill"
         if self.reason.asked:

@@ -4,7 +4,6 @@ the signals receivers are sent for a skip, missed slots and a run's end."""
 from __future__ import annotations
 
 import datetime as dt
-import logging
 
 from .. import logs, signals
 from ..lock.lock import Lock
@@ -14,8 +13,6 @@ from .catchup import Replaced
 from .ending import RunResult
 from .run_state import RunState
 from .status import RunStatus
-
-logger = logging.getLogger("django_exclusive_jobs")
 
 
 class Saying(RunState):
@@ -49,17 +46,15 @@ class Saying(RunState):
             self._say(line("missed", said, job_name=self.name, slots=new), normal=False)
         for slot in missed:
             # Robust: the rows are written; a receiver that raises must not undo the run.
-            answers = signals.slot_missed.send_robust(
-                sender=self.name, name=self.name, slot=slot, noticed_by=lock.holder
+            logs.send_robustly(
+                signals.slot_missed,
+                "slot_missed",
+                logs.extra("missed", job_name=self.name, slot=slot),
+                sender=self.name,
+                name=self.name,
+                slot=slot,
+                noticed_by=lock.holder,
             )
-            for receiver, answer in answers:
-                if isinstance(answer, Exception):
-                    logger.error(
-                        "slot_missed receiver %r raised",
-                        receiver,
-                        exc_info=answer,
-                        extra=logs.extra("missed", job_name=self.name, slot=slot),
-                    )
 
     def _say_skipped(self, skipped: list[dt.datetime]) -> None:
         """One line for the slots that came during the previous run and were skipped."""
