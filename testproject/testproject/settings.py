@@ -61,6 +61,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 
 EXCLUSIVE_JOBS = {
     "TTL": env("EXCLUSIVE_JOBS_TTL", default="5m"),
+    # A staging copy sets it: no scheduled slot starts there (docs/deploying.md).
+    "SKIP_SCHEDULES": env.bool("EXCLUSIVE_JOBS_SKIP_SCHEDULES", default=False),
 }
 
 LOGGING = {
