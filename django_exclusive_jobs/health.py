@@ -34,6 +34,7 @@ from .run.registry import Job, all_jobs
 from .run.schedules import Cron, Every, Schedule
 from .run.status import RunStatus
 from .run.tasks import result_status
+from .values import GROUP_PREFIX
 
 # Health and JobHealth are shown and judged in job_health.py; this module is their door.
 __all__ = ["Health", "JobHealth", "Overview", "overview", "schedule_in_words"]
@@ -227,11 +228,14 @@ def _job_health(read: _Read, name: str, slots: int) -> JobHealth:
 
 
 def _fold_slot_locks(locks: dict[str, JobLock], declared: dict[str, Job]) -> dict[str, JobLock]:
-    """Take the locks of the slots of ``overlap="allow_all"`` jobs out of ``locks`` (they
-    are no jobs of their own); the newest held one of each job, by job. A stale one is
-    no problem of the job: the run it left is marked lost by the job's next slot."""
+    """Take the locks of the slots of ``overlap="allow_all"`` jobs, and the concurrency
+    groups' locks, out of ``locks`` (they are no jobs of their own); the newest held
+    slot lock of each job, by job. A stale one is no problem of the job: the run it left
+    is marked lost by the job's next slot."""
     side_by_side = {name for name, job in declared.items() if job.overlap.lock_per_slot}
     held: dict[str, JobLock] = {}
+    for lock_name in [name for name in locks if name.startswith(GROUP_PREFIX)]:
+        del locks[lock_name]  # a concurrency group's (its members' runs tell)
     for lock_name in sorted(locks):
         name, separator, _ = lock_name.rpartition(slot_locks.SEPARATOR)
         if separator and name in side_by_side:

@@ -84,6 +84,27 @@ def name(value: object, *, what: str = "Job name") -> str:
     return value
 
 
+GROUP_PREFIX = "group:"  # a concurrency group's lock: ``group:NAME`` (``run/groups.py``)
+
+
+def groups(value: object) -> tuple[str, ...]:
+    """A job's concurrency groups (``group=``): one name, or a list of names, each a
+    name as a job's is but short enough for its lock; sorted, each once."""
+    given = [value] if isinstance(value, str) else value
+    if not isinstance(given, list | tuple | set | frozenset) or not given:
+        raise LockConfigurationError(
+            f"group must be a name or a list of names, not {_shown(value)}."
+        )
+    longest = NAME_LENGTH - len(GROUP_PREFIX)
+    for each in given:
+        name(each, what="Group name")
+        if len(each) > longest:
+            raise LockConfigurationError(
+                f"Group name {_shown(each)} is {len(each)} characters long; the limit is {longest}."
+            )
+    return tuple(sorted(set(given)))
+
+
 def reason(
     value: object, *, what: str = "The reason", required: bool = False, limit: int = REASON_LENGTH
 ) -> str:

@@ -414,6 +414,8 @@ def test_list_shows_registered_jobs() -> None:
         "fenced",
         "flaky_retry",
         "gil_hog",
+        "group_skip",
+        "group_wait",
         "jittery",
         "keepalive_probe",
         "light_async",

@@ -1524,6 +1524,16 @@ def test_scheduler_overlap_sample() -> None:
     assert job is not None and job.overlap.name == "buffer_one"
 
 
+def test_scheduler_groups_sample() -> None:
+    load_sample(
+        "scheduler_groups", dump_the_database=lambda: None, vacuum_the_big_tables=lambda: None
+    )
+    backup, vacuum = registry.get_job("backup"), registry.get_job("vacuum")
+    assert backup is not None and backup.groups == ("db-maintenance",)
+    assert vacuum is not None and vacuum.groups == ("db-maintenance", "io")
+    assert vacuum.overlap.waits_for_group and not backup.overlap.waits_for_group
+
+
 def test_scheduler_timeout_sample() -> None:
     load_sample("scheduler_timeout", export_everything_to_the_warehouse=lambda: None)
     job = registry.get_job("warehouse_export")

@@ -20,6 +20,7 @@ from .status import RunStatus
 
 if TYPE_CHECKING:
     from ..models import JobRun, JobState
+    from .groups import Busy
     from .registry import Job
     from .start import Start
 
@@ -55,6 +56,7 @@ class Found:
     retry_at: dt.datetime | None = None  # the slot's next attempt is due then (skipped now)
     # the replaced schedule's slots among ``missed`` (and the older ones, as one range)
     replaced: catchup.Replaced | None = None
+    waits: bool = False  # nothing runs now: another member of its group runs; look again
 
     def found(self) -> dict[str, Any]:
         """These fields, by name (to build a ``history.Claim`` from a decision)."""
@@ -225,6 +227,27 @@ def backfill(slot: dt.datetime, by: str, found: list[JobRun]) -> Decision:
         return Decision(existing=done[0], slot=slot)
     attempt = found[0].attempt + 1 if found else 1
     return Decision(insert=Insert(slot, attempt, by, backfill=True), slot=slot)
+
+
+def held_by_group(decided: Decision, busy: Busy, skips: bool) -> Decision:
+    """A claim that would run while another member of the job's group runs (``busy``):
+    with ``skips`` (``overlap="skip"``) the first attempt of a scheduled slot is recorded
+    skipped, naming that run; any other run (a retry, a run asked for, a job without a
+    schedule, or a policy that waits its turn) runs nothing now and looks again
+    (``waits``). The rest of the claim (slots missed, skipped) is written as decided."""
+    insert = decided.insert
+    assert insert is not None
+    scheduled = insert.attempt == 1 and not (insert.requested_by or insert.backfill)
+    if skips and insert.slot is not None and scheduled:
+        skipped = Record((insert.slot,), RunStatus.SKIPPED, busy.text)
+        return replace(
+            decided,
+            records=(*decided.records, skipped),
+            together=True,
+            insert=None,
+            why=busy.why,
+        )
+    return replace(decided, insert=None, why=busy.why, waits=True, more=False)
 
 
 def _again(job: Job, latest: JobRun, current: dt.datetime, now: dt.datetime) -> Decision:

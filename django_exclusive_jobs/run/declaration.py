@@ -167,6 +167,20 @@ def check_in_process(
         )
 
 
+def check_groups(group: object, overlapping: Overlap) -> tuple[str, ...]:
+    """``group``: its names (see ``values.groups``); not with ``overlap="allow_all"``,
+    whose slots run side by side."""
+    if group is None:
+        return ()
+    names = values.groups(group)
+    if overlapping.lock_per_slot:
+        raise LockConfigurationError(
+            "group= keeps a job's runs from running beside another member's, and "
+            "overlap='allow_all' runs its slots side by side: choose one."
+        )
+    return names
+
+
 def declare(
     name: str | None,
     *,
@@ -193,6 +207,7 @@ def declare(
     pause_after: int | None,
     in_process: bool,
     warn_after: DurationLike | None,
+    group: str | list[str] | tuple[str, ...] | None,
 ) -> Declaration:
     """``@exclusive_job``'s arguments, each checked at its door (LockConfigurationError)."""
     time_limit = check_lock_options(on_held, ttl, min_hold, wait, timeout)
@@ -204,6 +219,7 @@ def declare(
     spread = {key: make_jitter(jitter, schedule) for key, (schedule, _) in declared.items()}
     check_pause_after(pause_after)
     check_in_process(in_process, time_limit, overlapping)
+    groups = check_groups(group, overlapping)
     shared = {
         "ttl": ttl,
         "min_hold": min_hold,
@@ -219,6 +235,7 @@ def declare(
         "pause_after": pause_after,
         "in_process": in_process,
         "warn_after": long_after,
+        "groups": groups,
     }
     return Declaration(name, declared, spread, kwargs is not None, schedules is not None, shared)
 

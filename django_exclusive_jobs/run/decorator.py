@@ -52,6 +52,7 @@ def exclusive_job(
     pause_after: int | None = None,
     in_process: bool = False,
     warn_after: DurationLike | None = None,
+    group: str | list[str] | tuple[str, ...] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -81,6 +82,7 @@ def exclusive_job(
     pause_after: int | None = None,
     in_process: bool = False,
     warn_after: DurationLike | None = None,
+    group: str | list[str] | tuple[str, ...] | None = None,
     **removed: Any,
 ) -> Any:
     """Run the decorated function under the lock ``name`` (default ``module.qualname``).
@@ -97,7 +99,8 @@ def exclusive_job(
     arguments; ``schedules``: several schedules, each the job ``NAME:KEY``. ``timeout``:
     stop a longer run. ``pause_after=N``: pause after N failed slots. ``in_process=True``:
     the scheduler runs it in a thread. ``warn_after``: a run that lasts that long is said
-    running long. ``ttl``, ``keepalive``, ``min_hold``, ``wait``, ``using``,
+    running long. ``group``: no two jobs of a group (one name, or several) run at once.
+    ``ttl``, ``keepalive``, ``min_hold``, ``wait``, ``using``,
     ``slot_tolerance``: the lock's lease, renewal, closed time, wait, database, early
     allowance. A function with ``slot``, ``token`` or ``run`` parameters gets them.
     Durations: seconds or ``"90s"``, ``"15m"``, ``"1h"``. Defaults, bounds: docs/reference/api.md.

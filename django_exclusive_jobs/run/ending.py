@@ -54,6 +54,8 @@ class RunResult:
     # Ended: when the slot's next attempt may start (None: this attempt was its last).
     # Skipped: when the slot's pending retry is due, if that is why.
     retry_at: dt.datetime | None = None
+    # Skipped: another member of its concurrency group runs (why); it waits its turn.
+    waiting: str = ""
 
     @property
     def final(self) -> bool:

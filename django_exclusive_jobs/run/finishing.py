@@ -12,7 +12,7 @@ from .. import logs, signals
 from ..lock.errors import JobLockError
 from ..lock.lock import Lock
 from ..logs import line
-from . import end_rows, pausing
+from . import end_rows, groups, pausing
 from .child import ChildExit
 from .ending import Ending, RunResult, status_of, status_of_error
 from .saying import Saying
@@ -65,6 +65,7 @@ class Finishing(Saying):
         lock.stop_keepalive()
         signals.lock_lost.disconnect(self._lost_receiver, sender=Lock)
         try:
+            groups.release(self.group_locks)  # its groups first: its own lock outlasts them
             lock.release()
         except JobLockError as exc:
             logger.error(
@@ -132,5 +133,8 @@ class Finishing(Saying):
         return self.job.retry.retry_at(self.slot, self.attempt, end)
 
     def _lost_receiver(self, sender: Any, lock: Lock, reason: str, **kwargs: Any) -> None:
-        if lock is self.lock and self.on_lost is not None:
-            self.on_lost(lock)
+        """Its lock, or one of its groups', was lost: the run is stopped as its own
+        lock's loss stops it."""
+        ours = lock is self.lock or any(lock is group for group in self.group_locks)
+        if ours and self.lock is not None and self.on_lost is not None:
+            self.on_lost(self.lock)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from .start import Start
 
 logger = logging.getLogger("django_exclusive_jobs")
+# What a claim would do, once the job's concurrency groups are taken (or are not).
+Held = Callable[[decision.Decision], decision.Decision]
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def claim(
     slot: dt.datetime | None = None,
     state: JobState | None = None,
     looked: Look | None = None,
+    groups: Held | None = None,
 ) -> Claim:
     """This run's row, or the run that already has its slot (:func:`is_ours` tells).
 
@@ -127,6 +130,7 @@ def claim(
     caller, which applies its override to the job first): a pause skips the slot and
     records it ``paused``; slots of the schedule before it came in force are not missed.
     ``looked``: the look at the history made with ``state`` (:func:`look`), if it was.
+    ``groups``: what it does once the job's groups are taken if it runs (``groups.py``).
     """
     name, arguments = job.name, job.kwargs or {}
     # A start of its slot asks in its look at the history whether any run was abandoned
@@ -134,18 +138,20 @@ def claim(
     its_slot = start.serves_its_slot(job.schedule, job.overlap)
     if not its_slot:
         close_abandoned(lock, name, job.retry, slot=slot, side_by_side=job.overlap.lock_per_slot)
+    held = groups or (lambda decided: decided)
     if start.request is not None:  # run now or a backfill: paused or not
-        return _take_request(lock, name, start.request, arguments)
+        return _take_request(lock, name, start.request, arguments, groups)
     if start.past_slot is not None:  # a backfill, here: paused or not
-        return _backfill(lock, name, start.past_slot, start.requested_by, arguments)
+        return _backfill(lock, name, start.past_slot, start.requested_by, arguments, held)
     if start.requested_by:  # run now, here: paused or not, outside the schedule
-        return _apply(lock, name, decision.run_now(start.requested_by), arguments)
+        return _apply(lock, name, held(decision.run_now(start.requested_by)), arguments)
     acquired, holder = _acquired(lock), lock.holder
     decided = decision.aim(job, start, acquired, state, slot)
     current = decided.look_up_to
     if current is not None:
         latest = _latest(lock, name, current, its_slot, looked, job.retry)
         decided = decision.decide(job, start, acquired, holder, latest, state, slot=slot)
+    decided = held(decided)  # out of any transaction: it may take locks
     with ExitStack() as first_claim:
         if decided.under_lease:  # the job's first rows: under its lease
             first_claim.enter_context(_under_lease(lock))
@@ -301,10 +307,19 @@ def job_state(name: str, *, using: str) -> JobState | None:
     return state
 
 
-def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, Any]) -> Claim:
-    """Mark ``request`` taken by this run, unless another run took it first."""
+def _take_request(
+    lock: Lock,
+    name: str,
+    request: RunRequest,
+    kwargs: dict[str, Any],
+    groups: Held | None = None,
+) -> Claim:
+    """Mark ``request`` taken by this run, unless another run took it first; left for
+    a later look while another member of the job's group runs (``groups``)."""
     from ..models import RunRequest  # models: not before apps are ready
 
+    if groups is not None and (held := groups(decision.run_now(""))).waits:
+        return Claim(**held.found())
     requests = RunRequest.objects.using(lock.using)
     if not run_requests.take(request, by=lock.holder, using=lock.using):
         return Claim(why=f"run request {request.pk} was taken by another run")
@@ -321,14 +336,19 @@ def _take_request(lock: Lock, name: str, request: RunRequest, kwargs: dict[str, 
 
 
 def _backfill(
-    lock: Lock, name: str, slot: dt.datetime, requested_by: str, kwargs: dict[str, Any]
+    lock: Lock,
+    name: str,
+    slot: dt.datetime,
+    requested_by: str,
+    kwargs: dict[str, Any],
+    held: Held = lambda decided: decided,
 ) -> Claim:
     """A backfill of ``slot``: the slot's rows read, then what :func:`.claim.backfill`
     decides (its next attempt, or the run that succeeded). Under the lock, so no other
     run of the job writes the slot's rows meanwhile."""
     rows = runs_on(lock.using).attempts_of(name, slot)
     found = run_statement(lock.using, lambda: list(rows))
-    return _apply(lock, name, decision.backfill(slot, requested_by, found), kwargs)
+    return _apply(lock, name, held(decision.backfill(slot, requested_by, found)), kwargs)
 
 
 def _give_up(lock: Lock, latest: JobRun, current: dt.datetime) -> None:

@@ -46,6 +46,9 @@ class Overlap:
     counts_slots_before_run_began: ClassVar[bool] = False
     # An operator's override may move the job to or from this policy.
     may_be_overridden: ClassVar[bool] = True
+    # A start that finds another member of its concurrency group running waits its turn
+    # (and runs after it) rather than record its slot skipped (``groups.py``).
+    waits_for_group: ClassVar[bool] = True
 
     def __str__(self) -> str:
         return self.name
@@ -77,6 +80,7 @@ class Skip(Overlap):
 
     name: ClassVar[str] = "skip"
     only_overruns_count: ClassVar[bool] = True
+    waits_for_group: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ class Job:
     given: dict[str, Any] = field(default_factory=dict, hash=False)
     # A run that lasts this long is "running long" (said, signalled) and goes on.
     warn_after: dt.timedelta | None = None
+    # Its concurrency groups: no two jobs of a group run at the same time (``groups.py``).
+    groups: tuple[str, ...] = ()
 
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the

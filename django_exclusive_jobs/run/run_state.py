@@ -103,6 +103,7 @@ class RunState:
         self.target = target
         self.on_stop = on_stop
         self.lock_name = job.name  # under overlap="allow_all", its slot's (see start)
+        self.group_locks: list[Lock] = []  # its concurrency groups', held with its own
         self._finishing = threading.Lock()
 
     @property

@@ -144,7 +144,7 @@ class Run(Executing):
                 self.name,
                 self.job_slot,
                 grace=grace,
-                deadline=lock.deadline,
+                deadline=self.lease_end(),
                 margin=margin,
                 timeout=self.job.time_limit,
                 kwargs=self.job.kwargs,
@@ -153,11 +153,17 @@ class Run(Executing):
                 info=self.info(lock),
             )
             # Each renewal reaches the child's guard, which stops the job by itself when
-            # none comes in time.
-            lock.on_renewed = child.extend
-            child.extend(lock.deadline)  # a renewal may have come before the line above
+            # none comes in time: the end of the first of its leases (its groups').
+            for each in (lock, *self.group_locks):
+                each.on_renewed = lambda _deadline: child.extend(self.lease_end())
+            child.extend(self.lease_end())  # a renewal may have come before the lines above
             return child
         return self.finish(result)
+
+    def lease_end(self) -> float:
+        """When the first of the run's leases ends (monotonic): its own, its groups'."""
+        assert self.lock is not None
+        return min(each.deadline for each in (self.lock, *self.group_locks))
 
     def end_child(self, child: JobProcess | JobThread, outcome: Outcome) -> RunResult:
         """Record and finish the run whose process (or thread) ended with ``outcome``."""

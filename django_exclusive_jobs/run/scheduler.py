@@ -208,6 +208,7 @@ class Scheduler(Starts):
             if active.run.retry_at is not None:
                 # The slot's next attempt: here too, whichever server comes first.
                 self._next(active.job, active.run.request, active.run.retry_at)
+            self._its_turn(active.job)
 
     def _shut_down(self) -> None:
         """Let running jobs end within the grace, then stop them; mark this scheduler gone."""

@@ -91,6 +91,12 @@ class Start:
         return self.waits
 
     @property
+    def by_scheduler(self) -> bool:
+        """A scheduler started it (a due slot, a request it serves): it looks again
+        itself, in its loop, at a start that must wait."""
+        return self.reason == "slot" or self.request is not None
+
+    @property
     def requested_by(self) -> str:
         """Who asked for a run started here (run now, a backfill); "" otherwise (a
         request a scheduler serves says it on its row)."""

@@ -18,7 +18,7 @@ from ..lock.retry import run_statement
 from ..lock.validation import resolve_alias
 from ..logs import Line, line
 from ..naming import holder_name
-from . import end_rows, history, overrides, run_requests, slot_locks
+from . import claim, end_rows, groups, history, overrides, run_requests, slot_locks
 from .ending import RunResult
 from .finishing import Finishing
 from .long_runs import LongRunWatch
@@ -40,11 +40,41 @@ class Starting(Finishing):
 
         Never re-entrant: a second run of the job in this thread (a job calling itself,
         or another async call sharing Django's sync thread) skips like any other server.
+        A start that waits its turn in its concurrency group (``groups.py``) looks again
+        here, unless a scheduler started it (it looks again itself).
         """
         if self.reason.waits_for_start:
             stopped = self._wait_for_start()
             if stopped is not None:
                 return stopped
+        said = False
+        while True:
+            started = self._start_once()
+            if not isinstance(started, RunResult) or not started.waiting:
+                return started
+            if self.reason.by_scheduler:
+                return started
+            if not said:
+                said = True
+                waiting = f"waiting for {self.name}: {started.waiting}"
+                self._say(line("waiting", waiting, job_name=self.name, slot=self.slot))
+            if not self._turn_came():
+                return RunResult(self.name, RunStatus.INTERRUPTED, signum=self.pending_signal)
+
+    def _turn_came(self) -> bool:
+        """Wait until the job's groups are free (a look each ``groups.LOOK`` seconds);
+        False: a stop came first."""
+        while True:
+            looked = time.monotonic()
+            while self.pending_signal is None and time.monotonic() - looked < groups.LOOK:
+                time.sleep(JITTER_TICK)
+            if self.pending_signal is not None:
+                return False
+            if groups.free(self.job):
+                return True
+
+    def _start_once(self) -> Lock | RunResult:
+        """One take of the lock and claim of the run."""
         self.lock_slot = self._slot_of_lock()
         if self.lock_slot is not None:
             using = resolve_alias(self.job.using)
@@ -59,11 +89,17 @@ class Starting(Finishing):
         try:
             skipped = self._claim(lock)
         except BaseException:
+            groups.release(self.group_locks)
             lock.release()  # never leave the lock held because history failed
             raise
         if skipped is not None:
+            groups.release(self.group_locks)
+            self.group_locks = []
             lock.release()
             return skipped
+        if keepalive:
+            for group in self.group_locks:
+                group.start_keepalive()
         self.lock = lock
         self._started = time.monotonic()
         self._acquired = acquired
@@ -82,6 +118,17 @@ class Starting(Finishing):
             self.finish(result)
             raise
         return lock
+
+    def _take_groups(self, decided: claim.Decision) -> claim.Decision:
+        """What the claim ``decided``, once the job's groups (``groups.py``) are taken if
+        it runs; else what it does while another member's run holds one."""
+        if decided.insert is None:
+            return decided
+        taken = groups.take(self.job)
+        if isinstance(taken, groups.Busy):
+            return claim.held_by_group(decided, taken, not self.job.overlap.waits_for_group)
+        self.group_locks = taken
+        return decided
 
     def _take_or_skip(self) -> Lock | RunResult:
         """The job's lock (under ``overlap="cancel_other"``, perhaps once its holder, an
@@ -221,20 +268,28 @@ class Starting(Finishing):
         # The start as served now: a due slot the database's clock was far from is the
         # slot of its time (see _on_time).
         start = self.reason.waited(not_before)
-        claim = history.claim(
-            lock, self.job, start, slot=self.lock_slot, state=state, looked=looked
+        claimed = history.claim(
+            lock,
+            self.job,
+            start,
+            slot=self.lock_slot,
+            state=state,
+            looked=looked,
+            groups=self._take_groups if self.job.groups else None,
         )
-        self.slot, self.more_due = claim.slot, claim.more
-        self.retry_at = claim.retry_at
-        self._say_missed(lock, claim.missed, claim.replaced)
-        self._say_skipped(claim.skipped)
-        if claim.run is None:
-            return self._skipped(claim.why, lock.holder, None)
-        if end_rows.is_ours(claim.run, lock):
-            self.run_id, self.attempt = claim.run.pk, claim.run.attempt
+        self.slot, self.more_due = claimed.slot, claimed.more
+        self.retry_at = claimed.retry_at
+        self._say_missed(lock, claimed.missed, claimed.replaced)
+        self._say_skipped(claimed.skipped)
+        if claimed.waits:  # said once by whoever looks again
+            return RunResult(self.name, RunStatus.SKIPPED, holder=lock.holder, waiting=claimed.why)
+        if claimed.run is None:
+            return self._skipped(claimed.why, lock.holder, None)
+        if end_rows.is_ours(claimed.run, lock):
+            self.run_id, self.attempt = claimed.run.pk, claimed.run.attempt
             return None
         slot = self.slot.isoformat() if self.slot else "?"
-        run = claim.run
+        run = claimed.run
         return self._skipped(
             f"slot {slot} already run by {run.holder} ({run.status})", run.holder, None
         )

@@ -10,7 +10,7 @@ from ..lock.errors import JobLockError, LockDatabaseError
 from ..lock.lock import process
 from ..logs import line
 from ..models import JobRun, RunRequest
-from . import overrides, spread, when
+from . import groups, overrides, spread, when
 from .catchup import CANCEL_WAIT
 from .registry import Job
 from .runner import Run, RunResult
@@ -75,6 +75,32 @@ class Starts(Upkeep):
             now = self.clock.now()
         if waited:
             self._take_over(waited)
+
+    def _wait_turn(self, job: Job, why: str, now: dt.datetime, request: RunRequest | None) -> None:
+        """Another member of ``job``'s concurrency group runs: look again in a moment
+        (a request stays in its table for the next poll), said once per wait."""
+        if self.waiting.get(job.name) != why:
+            self.waiting[job.name] = why
+            said = f"waiting for {job.name}: {why}"
+            self.say(line("waiting", said, job_name=job.name))
+        if request is None:
+            self.due[job.name] = now + dt.timedelta(seconds=groups.LOOK)
+
+    def _not_its_turn(self, job: Job, request: RunRequest | None) -> bool:
+        """``job`` waits its turn in a group still held (one read): look again later."""
+        if job.name not in self.waiting or groups.free(job):
+            return False
+        if request is None:
+            self.due[job.name] = self.clock.now() + dt.timedelta(seconds=groups.LOOK)
+        return True
+
+    def _its_turn(self, ended: Job) -> None:
+        """A run of ``ended`` ended here: the jobs waiting their turn in one of its
+        groups look again at once."""
+        for name in self.waiting:
+            job = self.served.jobs.get(name)
+            if job is not None and set(job.groups) & set(ended.groups) and name in self.due:
+                self.due[name] = min(self.due[name], self.clock.now())
 
     def _handoffs(self, now: dt.datetime) -> dict[str, dt.datetime | None]:
         """When to look again at each slot due by ``now`` that this scheduler is not the
@@ -168,6 +194,8 @@ class Starts(Upkeep):
             self.starting = None
 
     def _start_one(self, job: Job, due: dt.datetime, request: RunRequest | None) -> None:
+        if self._not_its_turn(job, request):
+            return
         run = Run(
             # Never wait for a held lock: the loop must keep every other job's slots. The
             # next try is the next slot (or the lease's end, with retries). As declared:
@@ -199,6 +227,10 @@ class Starts(Upkeep):
         now = self.clock.now()
         if run.early:  # our estimate of the database's clock was off: read it again
             self.clock_doubtful, self.next_beat = True, 0.0
+        if isinstance(started, RunResult) and started.waiting:  # its group's turn
+            self._wait_turn(job, started.waiting, now, request)
+            return
+        self.waiting.pop(job.name, None)
         if isinstance(started, RunResult):  # skipped, or stopped before the claim
             again = self._after_skip(job, started, max(now, due)) if request is None else None
             if again is not None:

@@ -81,6 +81,8 @@ class Upkeep:
         self.due: dict[str, dt.datetime] = {}  # each job's next start, database time
         # Work spread: the slots this one is not the first choice for (spread.py).
         self.handoffs = spread.Handoffs()
+        # Jobs waiting their turn in a concurrency group: what was said, by name.
+        self.waiting: dict[str, str] = {}
         self.running = Running()  # the runs started here (running.py)
         self.stopping = False
         self.began = False  # reached the database once: its heartbeat row exists

@@ -400,3 +400,30 @@ def run_facts(run: Any, slot: object, token: int) -> None:
     facts.update(slot_given=str(slot), token_given=token, current=current_run() == run)
     facts["pid"] = os.getpid()
     facts_line(facts)
+
+
+# --- concurrency groups (tests/test_groups.py) -----------------------------------------
+
+
+def group_member(name: str, slot: object) -> None:
+    """Marks its start and end with the wall clock's time (one machine: the test compares
+    them), and runs JOB_SECONDS between."""
+    mark(f"{name}-start {time.time():.6f} {slot}")
+    time.sleep(float(os.environ.get("JOB_SECONDS", "0")))
+    mark(f"{name}-end {time.time():.6f} {slot}")
+
+
+@exclusive_job("group_skip", every=os.environ.get("GROUP_EVERY", "1h"), ttl=3, group="maintenance")
+def group_skip(slot: object) -> None:
+    group_member("group_skip", slot)
+
+
+@exclusive_job(
+    "group_wait",
+    every=os.environ.get("GROUP_EVERY", "1h"),
+    ttl=3,
+    overlap="buffer_one",
+    group=["maintenance", "nightly"],
+)
+def group_wait(slot: object) -> None:
+    group_member("group_wait", slot)
