@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Model-check the lock and slot protocol (tests/model/protocol.pml) with spin.
+# Model-check the lock and slot protocol (tests/model/protocol.pml) and concurrency
+# groups (tests/model/groups.pml: the checks named groups-*) with spin.
 #
 #   bash scripts/model.sh            every check in CHECKS
 #   bash scripts/model.sh races      only the checks named (CHECKS or LONG)
@@ -43,6 +44,11 @@ CHECKS=(
     "left-reached|refuted|-DNS=1 -DNJ=1 -DSTARTS=3 -DFAULTS=0 -DFORCE=0 -DBUFFER=2 -DNK=5 -DREACH_LEFT"
     "buffer-all-records-ahead|refuted|-DNS=1 -DNJ=1 -DSTARTS=2 -DFAULTS=0 -DFORCE=0 -DBUFFER=2 -DNK=5 -DMUTANT_BUFFER_ALL_RECORDS_AHEAD"
     "slots-out-of-turn|refuted|-DNS=2 -DNJ=1 -DSTARTS=1 -DFAULTS=0 -DFORCE=0 -DALLOW_ALL=1 -DMUTANT_SLOTS_OUT_OF_TURN"
+    "groups-restarts|holds|-DNS=2 -DSTARTS=2 -DFAULTS=1 -DFORCE=0"
+    "groups-three|holds|-DNS=3 -DSTARTS=1 -DFAULTS=1 -DFORCE=0"
+    "groups-force|holds|-DNS=2 -DSTARTS=2 -DFAULTS=1 -DFORCE=1"
+    "groups-busy-reached|refuted|-DNS=2 -DSTARTS=2 -DFAULTS=0 -DFORCE=0 -DREACH_BUSY"
+    "groups-guard-own-lease|refuted|-DNS=2 -DSTARTS=2 -DFAULTS=1 -DFORCE=0 -DMUTANT_GUARD_OWN_LEASE"
 )
 LONG=(
     "jobs-faults|holds|-DNS=3 -DNJ=2 -DSTARTS=1 -DFAULTS=1 -DFORCE=1 -DDISTURBANCES=1"
@@ -86,7 +92,9 @@ for check in "${CHECKS[@]/%/|0}" "${LONG[@]/%/|1}"; do
     ran=$((ran + 1))
     dir="$WORK/$name"
     mkdir -p "$dir"
-    cp "$MODEL" "$dir/protocol.pml"
+    model="$MODEL"
+    if [[ "$name" == groups-* ]]; then model="$ROOT/tests/model/groups.pml"; fi
+    cp "$model" "$dir/protocol.pml"  # the name the steps below use
     # shellcheck disable=SC2086  # the -D options are words
     (cd "$dir" && spin -a $defines protocol.pml >spin.out 2>&1) || {
         echo "$name: spin -a failed:"; cat "$dir/spin.out"; failed=1; continue

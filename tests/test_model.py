@@ -1,4 +1,5 @@
-"""The protocol's Promela model (tests/model/protocol.pml), checked by spin.
+"""The protocol's Promela models (tests/model/protocol.pml, and groups.pml for
+concurrency groups), checked by spin.
 
 Each check runs ``scripts/model.sh NAME``: the model itself must hold with no error under
 every bound (an exhaustive search, no bitstate), and each mutant of the protocol (among
@@ -43,6 +44,9 @@ HOLDS = [
     "buffer-all-slots",
     "buffer-all-chain",
     "jobs-faults",
+    "groups-restarts",
+    "groups-three",
+    "groups-force",
 ]
 # Each mutant, and the property its counterexample must break.
 REFUTED = {
@@ -54,6 +58,7 @@ REFUTED = {
     "claim-writes-apart": "(d)",
     "slots-out-of-turn": "(d)",
     "buffer-all-records-ahead": "(d)",
+    "groups-guard-own-lease": "(g)",
 }
 LINE = re.compile(
     r"^(?P<name>[\w-]+) \((?P<expected>holds|refuted)\): (?P<errors>\d+) errors, "
@@ -115,6 +120,22 @@ def test_the_buffer_checks_reach_a_buffered_run() -> None:
     assert buffered, trail
     assert f"STARTS job0 slot {buffered[-1]} " in trail
     assert "REACHED: a slot that came during a run starts after it" in trail
+
+
+def test_the_groups_checks_reach_a_busy_group() -> None:
+    """The groups checks hold for starts that find the group held: the model reaches a
+    start whose take of the group finds another member's run holding it (an assertion
+    that none does is refuted)."""
+    done, found = model("groups-busy-reached")
+    assert done.returncode == 0, done.stdout
+    assert found["expected"] == "refuted"
+    trail = done.stdout.split("counterexample", 1)[1]
+    runs = re.search(r"S\d take the group: won, token \d+; job(\d) runs", trail)
+    reached = re.search(r"REACHED: job(\d) finds the group held by job(\d)'s run", trail)
+    assert runs and reached, trail
+    assert reached[2] == runs[1] != reached[1]
+    busy = f"take the group: held by another member's run: job{reached[1]} does not run now"
+    assert busy in trail
 
 
 def test_the_buffer_all_checks_reach_a_slot_left_for_a_later_start() -> None:
