@@ -307,7 +307,7 @@ def _in_force(health: JobHealth, job: Job, state: JobState, now: dt.datetime) ->
 
 
 def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None:
-    health.arguments = describe_arguments(job.kwargs)
+    health.arguments, health.groups = describe_arguments(job.kwargs), job.groups
     if job.schedule is None:
         health.schedule = "no schedule"
         return

@@ -54,6 +54,7 @@ class JobHealth:
     schedule: str = ""
     timezone: str = ""
     arguments: str = ""  # the keyword arguments its runs pass, as one line of JSON
+    groups: tuple[str, ...] = ()  # its concurrency groups (group=)
     next_slot: dt.datetime | None = None
     upcoming: list[Upcoming] = field(default_factory=list)  # next_slot and those after it
     first_seen: dt.datetime | None = None  # when its lock row was made on this database
@@ -104,6 +105,7 @@ class JobHealth:
             "schedule": self.schedule,
             "timezone": self.timezone,
             "arguments": self.arguments or None,
+            "groups": list(self.groups),
             "next_slot": iso(self.next_slot),
             "first_seen": iso(self.first_seen),
             "last_run": None

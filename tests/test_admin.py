@@ -17,6 +17,7 @@ from django.urls import reverse
 from django_exclusive_jobs import LockLost, exclusive_job, try_acquire
 from django_exclusive_jobs.admin import jobs as jobs_admin
 from django_exclusive_jobs.admin.jobs import NEXT_SLOTS
+from django_exclusive_jobs.health import overview
 from django_exclusive_jobs.lock.clock import database_now
 from django_exclusive_jobs.models import JobLock, JobRun, LockState, Scheduler
 from django_exclusive_jobs.run.preview import upcoming
@@ -419,3 +420,21 @@ def test_the_next_slots_cost_the_jobs_page_no_query(
 
     page(1)  # its first look makes the declared jobs' lock rows
     assert page(NEXT_SLOTS) == page(1)
+
+
+def test_a_jobs_groups_are_shown_and_its_groups_lock_is_no_job(superuser_client: Client) -> None:
+    group = try_acquire("group:maintenance", ttl=60)  # a member's run holds the group
+    assert group is not None
+    try:
+        page = superuser_client.get(JOBS).content.decode()
+        row = job_row(page, "group_wait")
+        assert '<small class="exclusive-jobs-groups">group maintenance, nightly</small>' in row
+        assert "exclusive-jobs-groups" not in job_row(page, "quick")
+        assert "group:maintenance" not in page  # listed with the locks, not as a job
+        assert "group:maintenance" in superuser_client.get(LOCKS).content.decode()
+        health = overview("default").as_dict()
+        jobs = {job["name"]: job for job in health["jobs"]}
+        assert jobs["group_wait"]["groups"] == ["maintenance", "nightly"]
+        assert "group:maintenance" not in jobs and not health["undeclared"]
+    finally:
+        group.release()
