@@ -17,17 +17,20 @@ locks; only when they are free does it start again (take its lock, claim its slo
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from dataclasses import dataclass
 
 from ..lock.acquire import acquire_or_raise
-from ..lock.errors import LockHeld
+from ..lock.errors import JobLockError, LockHeld
 from ..lock.lock import Lock
 from ..lock.retry import run_statement
 from ..lock.validation import resolve_alias
+from ..logs import extra
 from ..values import GROUP_PREFIX
 from .registry import Job, all_jobs
 from .status import RunStatus
 
+logger = logging.getLogger("django_exclusive_jobs")
 LOOK = 1.0  # seconds between two looks at a group another member's run holds
 
 
@@ -76,6 +79,9 @@ def take(job: Job) -> list[Lock] | Busy:
         except LockHeld as held:
             release(taken)
             return _busy(job, group, held)
+        except BaseException:  # the database, a stop: none left held
+            release(taken)
+            raise
         taken.append(lock)
     return taken
 
@@ -91,10 +97,22 @@ def free(job: Job) -> bool:
 
 
 def release(locks: list[Lock]) -> None:
-    """Free the groups' locks (their keep-alive stopped first)."""
+    """Free the groups' locks (their keep-alive stopped first). One that cannot be freed
+    (the database does not answer) is said, and ends with its lease: the run's own
+    lock is released all the same."""
     for lock in reversed(locks):
         lock.stop_keepalive()
-        lock.release()
+        try:
+            lock.release()
+        except JobLockError as exc:
+            logger.error(
+                "could not release %s token=%s (its lease ends by itself within %s): %s",
+                lock.name,
+                lock.token,
+                lock.ttl,
+                exc,
+                extra=extra("unrecorded", token=lock.token),
+            )
 
 
 def members(group: str) -> list[str]:
