@@ -225,3 +225,28 @@ def test_members_on_two_schedulers_never_run_at_the_same_time(
     assert not rows.filter(status=RunStatus.RUNNING).exists()
     group = JobLock.objects.using(alias).get(name="group:maintenance")
     assert group.released_at is not None
+
+
+@pytest.mark.slow
+def test_run_now_of_a_member_waits_in_its_table_until_the_group_is_free(
+    alias: str,
+    marker: Path,
+    processes: list[subprocess.Popen[str]],
+    schedulers: list[subprocess.Popen[str]],
+) -> None:
+    from django_exclusive_jobs.models import RunRequest
+    from django_exclusive_jobs.run import control
+
+    holder = launch(processes, argv(alias, "group_skip"), command_env(marker, JOB_SECONDS="4"))
+    wait_for(lambda: "group_skip-start" in (marker.read_text() if marker.exists() else ""))
+    scheduler = start_scheduler(schedulers, alias, "--jobs", "group_wait", env=command_env(marker))
+    request = control.request_run("group_wait", by="ops", using=alias)
+    wait_for(lambda: not RunRequest.objects.using(alias).pending().exists(), timeout=60)
+    holder.communicate(timeout=30)
+    out, _ = stop(scheduler)
+    assert "waiting for group_wait: group maintenance is held: the run of group_skip" in out
+    runs = marks(marker)
+    assert sorted(job for job, *_ in runs) == ["group_skip", "group_wait"]
+    assert_never_together(runs)
+    ran = row(alias, "group_wait")
+    assert (ran.status, ran.requested_by) == (RunStatus.SUCCEEDED, "ops"), request
