@@ -19,6 +19,7 @@ __all__ = [
     "exclusive_job",
     "exclusive_lock",
     "force_release",
+    "schedule_celery_task",
     "try_acquire",
 ]
 
@@ -36,6 +37,7 @@ _LAZY = {
     "exclusive_job": "run.decorator",
     "exclusive_lock": "lock.acquire",
     "force_release": "lock.acquire",
+    "schedule_celery_task": "run.celery_tasks",
     "try_acquire": "lock.acquire",
 }
 
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
         LockLost,
     )
     from .lock.lock import Lock
+    from .run.celery_tasks import schedule_celery_task
     from .run.decorator import exclusive_job
     from .run.run_info import RunInfo, current_run
 

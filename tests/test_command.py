@@ -407,6 +407,7 @@ def test_list_shows_registered_jobs() -> None:
         "backfill_hourly",
         "backfill_slotless",
         "broken",
+        "celery_tick",
         "crash",
         "digest",
         "enqueue_now",

@@ -63,6 +63,7 @@ from django_exclusive_jobs.checks import check_settings
 from django_exclusive_jobs.lock.durations import parse_duration
 from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 from django_exclusive_jobs.run import registry
+from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import make_schedule
 
 from .conftest import clean_tables
@@ -805,21 +806,28 @@ def test_celery_sample(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_celery_beat_moved_sample(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The job that replaces a beat entry sends the task once per slot, with the slot's
-    day (a stand-in Celery app records what is sent)."""
+    """The declaration that replaces a beat entry sends the task once per slot, by name,
+    with its arguments and the slot in its headers (a stand-in Celery app records what
+    is sent; tests/test_celery.py sends to a real worker)."""
     sent: list[tuple[str, dict[str, Any]]] = []
 
-    def send_task(name: str, kwargs: dict[str, Any]) -> None:
-        sent.append((name, kwargs))
+    def send_task(name: str, **options: Any) -> Any:
+        sent.append((name, options))
+        return types.SimpleNamespace(id=options["task_id"])
 
     app = types.SimpleNamespace(send_task=send_task)
     monkeypatch.setitem(sys.modules, "celery", types.SimpleNamespace(current_app=app))
-    module = load_sample("celery_beat_moved")
-    module.send_invoices()
-    module.send_invoices()  # a second server's send of the same slot: none
+    load_sample("celery_beat_moved")
+    job = registry.get_job("send_invoices")
+    assert job is not None
+    Run(job).call()
+    Run(job).call()  # a second server's send of the same slot: none
     [run] = runs_of("send_invoices")
-    assert run.slot is not None
-    assert sent == [("reports.tasks.send_invoices", {"day": run.slot.date().isoformat()})]
+    assert run.slot is not None and run.status == "enqueued"
+    [(name, options)] = sent
+    assert (name, options["kwargs"]) == ("reports.tasks.send_invoices", {"batch": 500})
+    assert options["headers"]["exclusive_jobs_slot"] == run.slot.isoformat()
+    assert run.task_result_id == options["task_id"]
 
 
 def test_django_tasks_sample(sqlite: str, django_tasks: None) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_exclusive_jobs import exclusive_job
+from django_exclusive_jobs import exclusive_job, schedule_celery_task
 
 
 def mark(text: str) -> None:
@@ -427,3 +427,17 @@ def group_skip(slot: object) -> None:
 )
 def group_wait(slot: object) -> None:
     group_member("group_wait", slot)
+
+
+# --- a Celery task sent once per slot (tests/test_celery.py) ----------------------------
+
+schedule_celery_task(
+    "celery_tick",
+    "tests.record",
+    app="tests.celery_app.app",
+    args=["tick"],
+    kwargs={"size": 3},
+    queue=os.environ.get("CELERY_QUEUE") or None,
+    every=os.environ.get("TICK_EVERY", "2s"),
+    ttl=3,
+)
