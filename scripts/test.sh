@@ -12,26 +12,30 @@ ensure_postgres || [ -z "${CI:-}" ]
 ensure_mariadb || [ -z "${CI:-}" ]
 ensure_venv dev
 
-# Two lanes side by side. The tests that wait on slots and leases run on three workers
+# Two lanes side by side. The tests that wait on slots and leases run on four workers
 # (pytest-xdist, work stealing: a worker that ran out takes tests from another's queue),
-# each with databases of its own: most of their time is waiting (2026-12-06: 43 min of
-# tests, 10 min of CPU). The tests that only burn CPU (marker no_deadline: spin's model,
-# hostile input, fuzzing, a million rows, the properties: 9 min) run beside them in one
-# process at nice 10, on what the first lane leaves (tests/cpu_report.py); their report
-# follows the first lane's. One lane of two workers took 26-32 min; four workers running
-# everything made the machine so busy that 1 to 3 tests waiting on 2-s slots failed in
-# each of three runs. TEST_WORKERS sets the first lane's workers; TEST_WORKERS=0 runs
-# everything in one process. The slowest tests are listed at the end of each lane, and
-# where the CPU went: CI's time is kept under watch.
+# each with databases of its own: most of their time is waiting (2026-12-06: 56 min of
+# tests, 14 min of CPU). The tests that only burn CPU (marker no_deadline: spin's
+# models, hostile input, fuzzing, a million rows, the properties: 11 min of CPU) run
+# beside them on two workers at nice 10, on what the first lane leaves
+# (tests/cpu_report.py); their report follows the first lane's. Measured on two cores
+# (2026-12-06): three workers and one, 17:20 and 16:19; four and two, 14:08 and 14:46
+# with every test passing, the longest model check (then at nice 19) starved behind the
+# other CPU-only worker: 620 s for 183 s of CPU (it now runs at the lane's nice 10). Four workers running everything at one priority made the
+# machine so busy that 1 to 3 tests waiting on 2-s slots failed in each of three runs.
+# TEST_WORKERS and CPU_WORKERS set the lanes' workers; TEST_WORKERS=0 runs everything
+# in one process. The slowest tests are listed at the end of each lane, and where the
+# CPU went: CI's time is kept under watch.
 export EXCLUSIVE_JOBS_TEST_CPU="${EXCLUSIVE_JOBS_TEST_CPU:-1}"
-workers="${TEST_WORKERS:-3}"
+workers="${TEST_WORKERS:-4}"
 if [ "$workers" = 0 ]; then
     exec "$VENV/bin/python" -m pytest --durations=30 "$@"
 fi
 cpu_log="$(mktemp)"
 suffix="${EXCLUSIVE_JOBS_TEST_DB_SUFFIX:-}_cpu"  # databases of its own
 EXCLUSIVE_JOBS_TEST_LANE=cpu EXCLUSIVE_JOBS_TEST_DB_SUFFIX="$suffix" \
-    nice -n 10 "$VENV/bin/python" -m pytest --durations=15 "$@" >"$cpu_log" 2>&1 &
+    nice -n 10 "$VENV/bin/python" -m pytest -n "${CPU_WORKERS:-2}" --dist worksteal \
+    --durations=15 "$@" >"$cpu_log" 2>&1 &
 cpu_lane=$!
 trap 'kill "$cpu_lane" 2>/dev/null || true; rm -f "$cpu_log"' EXIT
 echo "== the CPU-only tests run beside, at nice 10; their report follows this one"

@@ -8,7 +8,7 @@ that wait on 2-s slots and 3-s leases get the CPU first (spin's model checks run
 priority. Lowering a priority needs no right; raising it back at the test's end needs
 root or RLIMIT_NICE: without them nothing is lowered.
 
-The README's command (scripts/test.sh) runs them in a lane of their own, one process at
+The README's command (scripts/test.sh) runs them in a lane of their own, two workers at
 nice 10 beside the workers that run the rest (``keep_the_lane``): on two cores the tests
 that wait on slots leave a core idle most of the time, and the CPU-only tests take it.
 
@@ -72,7 +72,7 @@ def below_the_tests_with_deadlines(request: pytest.FixtureRequest) -> Iterator[N
 
 def keep_the_lane(config: pytest.Config, items: list[pytest.Item]) -> None:
     """scripts/test.sh runs the suite in two lanes side by side: the tests with deadlines
-    on its workers, the CPU-only ones in one process at nice 10 (``EXCLUSIVE_JOBS_TEST_LANE``
+    on its workers, the CPU-only ones on two workers at nice 10 (``EXCLUSIVE_JOBS_TEST_LANE``
     ``deadlines`` or ``cpu``; unset: every test). Each lane deselects the other's."""
     lane = os.environ.get("EXCLUSIVE_JOBS_TEST_LANE", "")
     if lane not in ("deadlines", "cpu"):

@@ -19,7 +19,8 @@ ARTIFACTS = BASE_DIR / ".artifacts"
 ARTIFACTS.mkdir(exist_ok=True)
 # Lets two test runs share the database servers without dropping each other's databases.
 SUFFIX = os.environ.get("EXCLUSIVE_JOBS_TEST_DB_SUFFIX", "")
-# Each pytest-xdist worker (scripts/test.sh runs two) has databases of its own.
+# Each pytest-xdist worker (scripts/test.sh runs four, and two CPU-only) has databases
+# of its own.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     SUFFIX += f"_{os.environ['PYTEST_XDIST_WORKER']}"
 
