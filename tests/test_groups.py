@@ -108,6 +108,11 @@ def test_a_bad_group_is_refused_in_one_line(given: object, said: str) -> None:
     assert "\n" not in str(raised.value)
 
 
+def test_a_job_may_not_take_a_groups_lock_name() -> None:
+    with pytest.raises(LockConfigurationError, match="may not start with 'group:'"):
+        exclusive_job("group:maintenance", every="1h")(lambda: None)
+
+
 def test_allow_all_cannot_be_in_a_group() -> None:
     with pytest.raises(LockConfigurationError, match="choose one"):
         exclusive_job("side_by_side", every="1h", overlap="allow_all", group="db")

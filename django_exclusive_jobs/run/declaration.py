@@ -272,8 +272,13 @@ def make_jobs(declaration: Declaration, func: Callable[..., Any], task: Any = No
 
 def _job_name(base: str, key: str, overlapping: Overlap) -> str:
     """The job's name: ``base``, or ``base:key`` for schedule ``key``; short enough for
-    each slot's lock with ``overlap="allow_all"``."""
+    each slot's lock with ``overlap="allow_all"``; not a concurrency group's lock's."""
     job_name = values.name(f"{base}{SCHEDULE_SEPARATOR}{key}" if key else base)
+    if job_name.startswith(values.GROUP_PREFIX):
+        raise LockConfigurationError(
+            f"A job's name may not start with {values.GROUP_PREFIX!r}: the locks of "
+            f"concurrency groups are named so; {job_name[:40]!r} needs another name."
+        )
     longest = values.NAME_LENGTH - slot_locks.LENGTH
     if overlapping.lock_per_slot and len(job_name) > longest:
         raise LockConfigurationError(
