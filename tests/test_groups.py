@@ -13,6 +13,7 @@ import itertools
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from django_exclusive_jobs.run.claim import Decision, Insert, Record
 from django_exclusive_jobs.run.status import RunStatus
 from django_exclusive_jobs.values import groups as group_names
 
-from .test_command import argv, command_env, launch, marker, processes, wait_for
+from .test_command import ROOT, argv, command_env, launch, marker, processes, wait_for
 from .test_scheduler import schedulers, start_scheduler, stop
 
 __all__ = ["marker", "processes", "schedulers"]  # fixtures
@@ -167,25 +168,50 @@ def test_a_cron_line_of_a_skip_member_records_its_slot_skipped_with_the_holder(
     holder.kill()
 
 
+def started(marker: Path, job: str) -> bool:
+    return f"{job}-start" in (marker.read_text() if marker.exists() else "")
+
+
+def output_to(path: Path, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """``command`` with its output in ``path`` (read while it runs: unbuffered), in the
+    project."""
+    with path.open("w") as out:
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def ended_before(alias: str, first: str, then: str) -> None:
+    """The run of ``first`` ended (its job's end: started_at + duration, before its
+    locks' release) before the run of ``then`` began."""
+    before, after = row(alias, first), row(alias, then)
+    assert before.started_at is not None and before.duration is not None
+    assert after.started_at is not None
+    assert before.started_at + dt.timedelta(seconds=before.duration) <= after.started_at
+
+
 @pytest.mark.slow
 def test_a_cron_line_that_buffers_waits_its_turn_then_runs(
-    alias: str, marker: Path, processes: list[subprocess.Popen[str]]
+    alias: str, marker: Path, processes: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    env = command_env(marker, JOB_SECONDS="3")
-    first = launch(processes, argv(alias, "group_skip"), env)
-    wait_for(lambda: "group_skip-start" in (marker.read_text() if marker.exists() else ""))
-    waiter = subprocess.run(
-        argv(alias, "group_wait"), env=command_env(marker), capture_output=True, text=True
-    )
-    assert waiter.returncode == 0, waiter.stdout + waiter.stderr
-    assert "waiting for group_wait: group maintenance is held: the run of group_skip" in (
-        waiter.stdout
-    )
-    first.communicate(timeout=30)
-    runs = marks(marker)
-    assert sorted(job for job, *_ in runs) == ["group_skip", "group_wait"]
-    assert_never_together(runs)
+    holder = launch(processes, argv(alias, "group_skip"), command_env(marker, JOB_SECONDS="600"))
+    wait_for(lambda: started(marker, "group_skip"))
+    said = tmp_path / "waiter.txt"
+    waiter = output_to(said, argv(alias, "group_wait"), command_env(marker))
+    processes.append(waiter)
+    waiting = "waiting for group_wait: group maintenance is held: the run of group_skip"
+    wait_for(lambda: waiting in said.read_text())
+    assert not started(marker, "group_wait")
+    holder.send_signal(signal.SIGTERM)  # its run ends; then the waiter's turn comes
+    holder.communicate(timeout=60)
+    assert waiter.wait(timeout=60) == 0, said.read_text()
     assert row(alias, "group_wait").status == RunStatus.SUCCEEDED
+    ended_before(alias, "group_skip", "group_wait")
 
 
 @pytest.mark.slow
@@ -234,24 +260,28 @@ def test_members_on_two_schedulers_never_run_at_the_same_time(
 
 @pytest.mark.slow
 def test_run_now_of_a_member_waits_in_its_table_until_the_group_is_free(
-    alias: str,
-    marker: Path,
-    processes: list[subprocess.Popen[str]],
-    schedulers: list[subprocess.Popen[str]],
+    alias: str, marker: Path, processes: list[subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     from django_exclusive_jobs.models import RunRequest
     from django_exclusive_jobs.run import control
 
-    holder = launch(processes, argv(alias, "group_skip"), command_env(marker, JOB_SECONDS="4"))
-    wait_for(lambda: "group_skip-start" in (marker.read_text() if marker.exists() else ""))
-    scheduler = start_scheduler(schedulers, alias, "--jobs", "group_wait", env=command_env(marker))
-    request = control.request_run("group_wait", by="ops", using=alias)
+    holder = launch(processes, argv(alias, "group_skip"), command_env(marker, JOB_SECONDS="600"))
+    wait_for(lambda: started(marker, "group_skip"))
+    said = tmp_path / "scheduler.txt"
+    command = [sys.executable, "-m", "django", "exclusive_scheduler", "--database", alias]
+    scheduler = output_to(said, [*command, "--jobs", "group_wait"], command_env(marker))
+    processes.append(scheduler)
+    control.request_run("group_wait", by="ops", using=alias)
+    waiting = "waiting for group_wait: group maintenance is held: the run of group_skip"
+    wait_for(lambda: waiting in said.read_text())
+    assert RunRequest.objects.using(alias).pending().exists()  # still in its table
+    assert not started(marker, "group_wait")
+    holder.send_signal(signal.SIGTERM)
+    holder.communicate(timeout=60)
     wait_for(lambda: not RunRequest.objects.using(alias).pending().exists(), timeout=60)
-    holder.communicate(timeout=30)
-    out, _ = stop(scheduler)
-    assert "waiting for group_wait: group maintenance is held: the run of group_skip" in out
-    runs = marks(marker)
-    assert sorted(job for job, *_ in runs) == ["group_skip", "group_wait"]
-    assert_never_together(runs)
-    ran = row(alias, "group_wait")
-    assert (ran.status, ran.requested_by) == (RunStatus.SUCCEEDED, "ops"), request
+    ran = JobRun.objects.using(alias).filter(name="group_wait", status=RunStatus.SUCCEEDED)
+    wait_for(ran.exists, timeout=60)
+    scheduler.send_signal(signal.SIGTERM)
+    assert scheduler.wait(timeout=60) == 0, said.read_text()
+    assert row(alias, "group_wait").requested_by == "ops"
+    ended_before(alias, "group_skip", "group_wait")
