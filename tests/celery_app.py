@@ -20,6 +20,9 @@ app.conf.update(
     task_default_queue=os.environ.get("CELERY_QUEUE", "exclusive_jobs_tests"),
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    # No remote control: its queue is named after the worker's node, and workers of
+    # tests running side by side would clash on it.
+    worker_enable_remote_control=False,
 )
 
 
