@@ -44,7 +44,7 @@ EXCLUSIVE_JOBS_TEST_LANE=deadlines "$VENV/bin/python" -m pytest -n "$workers" \
     --dist worksteal --durations=30 "$@" || deadlines=$?
 cpu=0
 wait "$cpu_lane" || cpu=$?
-echo "== the CPU-only tests (nice 10, one process)"
+echo "== the CPU-only tests (nice 10, two workers)"
 cat "$cpu_log"
 # 5: a lane had no test to run (the arguments chose only the other's)
 if [ "$deadlines" = 5 ] && [ "$cpu" = 5 ]; then exit 5; fi
