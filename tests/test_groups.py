@@ -143,6 +143,10 @@ def assert_never_together(runs: list[tuple[str, float, float]]) -> None:
         assert before[2] <= after[1], f"{before} and {after} ran at the same time"
 
 
+def started(marker: Path, job: str) -> bool:
+    return f"{job}-start" in (marker.read_text() if marker.exists() else "")
+
+
 def row(alias: str, name: str) -> JobRun:
     [found] = JobRun.objects.using(alias).filter(name=name)
     return found
@@ -154,7 +158,7 @@ def test_a_cron_line_of_a_skip_member_records_its_slot_skipped_with_the_holder(
 ) -> None:
     env = command_env(marker, JOB_SECONDS="60")
     holder = launch(processes, argv(alias, "group_wait"), env)
-    wait_for(lambda: "group_wait-start" in (marker.read_text() if marker.exists() else ""))
+    wait_for(lambda: started(marker, "group_wait"))
     skipped = subprocess.run(argv(alias, "group_skip"), env=env, capture_output=True, text=True)
     assert skipped.returncode == 0, skipped.stdout + skipped.stderr
     assert "skipped group_skip: group maintenance is held: the run of group_wait" in (
@@ -166,10 +170,6 @@ def test_a_cron_line_of_a_skip_member_records_its_slot_skipped_with_the_holder(
     assert f":{holder.pid}:" in found.error
     assert "group_skip-start" not in marker.read_text()
     holder.kill()
-
-
-def started(marker: Path, job: str) -> bool:
-    return f"{job}-start" in (marker.read_text() if marker.exists() else "")
 
 
 def output_to(path: Path, command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
@@ -220,7 +220,7 @@ def test_a_member_killed_mid_run_holds_its_group_until_the_lease_ends(
 ) -> None:
     env = command_env(marker, JOB_SECONDS="600")
     killed = launch(processes, argv(alias, "group_skip"), env)
-    wait_for(lambda: "group_skip-start" in (marker.read_text() if marker.exists() else ""))
+    wait_for(lambda: started(marker, "group_skip"))
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate(timeout=30)
     held = JobLock.objects.using(alias).get(name="group:maintenance")

@@ -44,6 +44,11 @@ logger = logging.getLogger("django_exclusive_jobs")
 Held = Callable[[decision.Decision], decision.Decision]
 
 
+def _no_groups(decided: decision.Decision) -> decision.Decision:
+    """A job in no concurrency group (or whose groups are taken): the claim as decided."""
+    return decided
+
+
 @dataclass(frozen=True)
 class Claim(decision.Found):
     """What :func:`claim` found (:class:`.claim.Found`) and the run row: ours, another's,
@@ -138,9 +143,9 @@ def claim(
     its_slot = start.serves_its_slot(job.schedule, job.overlap)
     if not its_slot:
         close_abandoned(lock, name, job.retry, slot=slot, side_by_side=job.overlap.lock_per_slot)
-    held = groups or (lambda decided: decided)
+    held = groups or _no_groups
     if start.request is not None:  # run now or a backfill: paused or not
-        return _take_request(lock, name, start.request, arguments, groups)
+        return _take_request(lock, name, start.request, arguments, held)
     if start.past_slot is not None:  # a backfill, here: paused or not
         return _backfill(lock, name, start.past_slot, start.requested_by, arguments, held)
     if start.requested_by:  # run now, here: paused or not, outside the schedule
@@ -312,14 +317,15 @@ def _take_request(
     name: str,
     request: RunRequest,
     kwargs: dict[str, Any],
-    groups: Held | None = None,
+    held: Held = _no_groups,
 ) -> Claim:
     """Mark ``request`` taken by this run, unless another run took it first; left for
-    a later look while another member of the job's group runs (``groups``)."""
+    a later look while another member of the job's group runs (``held``: its groups are
+    taken first, as for a run asked for here)."""
     from ..models import RunRequest  # models: not before apps are ready
 
-    if groups is not None and (held := groups(decision.run_now(""))).waits:
-        return Claim(**held.found())
+    if (asked := held(decision.run_now(""))).waits:
+        return Claim(**asked.found())
     requests = RunRequest.objects.using(lock.using)
     if not run_requests.take(request, by=lock.holder, using=lock.using):
         return Claim(why=f"run request {request.pk} was taken by another run")
@@ -341,7 +347,7 @@ def _backfill(
     slot: dt.datetime,
     requested_by: str,
     kwargs: dict[str, Any],
-    held: Held = lambda decided: decided,
+    held: Held = _no_groups,
 ) -> Claim:
     """A backfill of ``slot``: the slot's rows read, then what :func:`.claim.backfill`
     decides (its next attempt, or the run that succeeded). Under the lock, so no other
