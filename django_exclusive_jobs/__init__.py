@@ -15,10 +15,16 @@ __all__ = [
     "LockHeld",
     "LockLost",
     "RunInfo",
+    "add_schedule",
+    "change_schedule",
     "current_run",
+    "delete_schedule",
     "exclusive_job",
     "exclusive_lock",
     "force_release",
+    "list_schedules",
+    "pause_schedule",
+    "resume_schedule",
     "schedule_celery_task",
     "try_acquire",
 ]
@@ -34,6 +40,12 @@ _LAZY = {
     "Lock": "lock.lock",
     "RunInfo": "run.run_info",
     "current_run": "run.run_info",
+    "add_schedule": "run.runtime_schedules",
+    "change_schedule": "run.runtime_schedules",
+    "delete_schedule": "run.runtime_schedules",
+    "list_schedules": "run.runtime_schedules",
+    "pause_schedule": "run.runtime_schedules",
+    "resume_schedule": "run.runtime_schedules",
     "exclusive_job": "run.decorator",
     "exclusive_lock": "lock.acquire",
     "force_release": "lock.acquire",
@@ -54,6 +66,14 @@ if TYPE_CHECKING:
     from .run.celery_tasks import schedule_celery_task
     from .run.decorator import exclusive_job
     from .run.run_info import RunInfo, current_run
+    from .run.runtime_schedules import (
+        add_schedule,
+        change_schedule,
+        delete_schedule,
+        list_schedules,
+        pause_schedule,
+        resume_schedule,
+    )
 
 
 def __getattr__(name: str) -> Any:

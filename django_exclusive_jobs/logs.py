@@ -54,6 +54,7 @@ EVENTS = {
     "paused": "a job was paused by the app: its last runs failed (pause_after=N)",
     "misconfigured": "a job's operator row cannot be used: its runs wait until it is put right",
     "running_long": "a run has lasted its job's warn_after: it goes on",
+    "schedule": "a scheduler serves a run-time schedule as added or changed, or no longer",
 }
 
 # EXCLUSIVE_JOBS["LOG_FORMAT"]: what the commands print.

@@ -409,6 +409,7 @@ def test_list_shows_registered_jobs() -> None:
         "broken",
         "celery_tick",
         "crash",
+        "customer_report",
         "digest",
         "enqueue_now",
         "enqueue_tick",

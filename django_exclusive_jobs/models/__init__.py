@@ -7,16 +7,17 @@ QuerySet method (or the ``Q`` it filters on), judged on the database's clock. Th
 ``health.py`` (the jobs page, ``exclusive_jobs``, the health view), the commands and the
 run's modules ask these by name; none builds its own queryset chain.
 
-==================  ================================================================
-``fields.py``       the custom fields: a job's name, a pause's end
-``locks.py``        ``JobLock`` and the lock states
-``runs.py``         ``JobRun`` and ``RunTotal``: run history and what pruning summed
-``schedulers.py``   ``Scheduler`` and the scheduler states
-``jobs.py``         ``JobState`` (pauses, overrides) and ``JobChange`` (the audit)
-``requests.py``     ``RunRequest``: run now, backfills, stops
-``statements.py``   the history's hot-path statements, sent through Django's cursor
-``beats.py``        the scheduler's own statements: its beat, its look for changes
-==================  ================================================================
+==========================  ========================================================
+``fields.py``               the custom fields: a job's name, a pause's end
+``locks.py``                ``JobLock`` and the lock states
+``runs.py``                 ``JobRun`` and ``RunTotal``: run history and what pruning summed
+``schedulers.py``           ``Scheduler`` and the scheduler states
+``jobs.py``                 ``JobState`` (pauses, overrides) and ``JobChange`` (the audit)
+``requests.py``             ``RunRequest``: run now, backfills, stops
+``runtime_schedules.py``    ``RunTimeSchedule``: schedules added at run time
+``statements.py``           the history's hot-path statements, sent through Django's cursor
+``beats.py``                the scheduler's own statements: its beat, its look for changes
+==========================  ========================================================
 
 Everything here imports nothing above it: the clock, the run states, the base.
 """
@@ -47,6 +48,7 @@ from .runs import (
     RunTotalQuerySet,
     bucket_key,
 )
+from .runtime_schedules import RunTimeSchedule, RunTimeScheduleQuerySet
 from .schedulers import (
     Scheduler,
     SchedulerQuerySet,
@@ -75,6 +77,8 @@ __all__ = [
     "RunRequest",
     "RunRequestQuerySet",
     "RunStatus",
+    "RunTimeSchedule",
+    "RunTimeScheduleQuerySet",
     "RunTotal",
     "RunTotalQuerySet",
     "Scheduler",

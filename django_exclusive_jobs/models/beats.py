@@ -4,11 +4,11 @@ An idle scheduler sends only these (``run/heartbeat.py``). On PostgreSQL the bea
 writes its row and reads the live schedulers and the clock in the same statement (a
 data-modifying CTE); the scheduler listens for everything else. Where it polls instead
 (MariaDB, SQLite, PgBouncer), a *look* every few seconds reads how many requests of its
-jobs wait, their operators' overrides as text (a change shows as other text: then the
-rows are read) and the clock, and the live schedulers too (``UNION ALL`` rows); on a
-beat's turn the beat is the look (an upsert with ``RETURNING``: MariaDB 10.5+, SQLite
-3.35+; on PostgreSQL the beat's statement carries it). Every filter here is compiled
-from its one definition in the models.
+jobs wait, their operators' overrides and the run-time schedules as text (a change
+shows as other text: then the rows are read) and the clock, and the live schedulers
+too (``UNION ALL`` rows); on a beat's turn the beat is the look (an upsert with
+``RETURNING``: MariaDB 10.5+, SQLite 3.35+; on PostgreSQL the beat's statement carries
+it). Every filter here is compiled from its one definition in the models.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from django.db.models import QuerySet
 from ..lock.clock import now_sql
 from .jobs import JobState
 from .requests import RunRequest
+from .runtime_schedules import RunTimeSchedule
 from .schedulers import Scheduler, _remembered
 
 Alive = list[tuple[str, Any, int | None]]  # each live scheduler's instance, jobs, free
@@ -32,6 +33,19 @@ OVERRIDES_TEXT = {
     "postgresql": "STRING_AGG(s.name || '=' || CAST(s.override AS TEXT), CHR(10) ORDER BY s.name)",
     "mysql": "GROUP_CONCAT(s.name, '=', s.override ORDER BY s.name SEPARATOR '\\n')",
     "sqlite": "GROUP_CONCAT(s.name || '=' || s.override, CHAR(10))",
+}
+# The run-time schedules as one short text that any change alters: how many there are
+# and the latest change (an added or changed row is the latest; a deleted one, fewer).
+ADDED_TEXT = {
+    "postgresql": "COUNT(*) || '@' || COALESCE(CAST(MAX(a.changed_at) AS TEXT), '')",
+    "mysql": "CONCAT(COUNT(*), '@', COALESCE(MAX(a.changed_at), ''))",
+    "sqlite": "COUNT(*) || '@' || COALESCE(MAX(a.changed_at), '')",
+}
+# Both in one column: the overrides' text (none: empty), then the schedules'.
+JOINED = {
+    "postgresql": "COALESCE({0}, '') || CHR(10) || {1}",
+    "mysql": "CONCAT(COALESCE({0}, ''), '\\n', {1})",
+    "sqlite": "COALESCE({0}, '') || CHAR(10) || {1}",
 }
 
 
@@ -91,7 +105,8 @@ def beat_and_read(
 
 
 def _looked_for(using: str, names: list[str]) -> tuple[str, tuple[Any, ...]]:
-    """The look's three columns as SQL: waiting requests, the overrides' text, now."""
+    """The look's three columns as SQL: waiting requests, the overrides' text (with the
+    run-time schedules' after it), now."""
     vendor = connections[using].vendor
     waiting, waiting_params = _compiled(
         RunRequest.objects.using(using).waiting_for(names).order_by().values("id")
@@ -99,11 +114,15 @@ def _looked_for(using: str, names: list[str]) -> tuple[str, tuple[Any, ...]]:
     states, states_params = _compiled(
         JobState.objects.using(using).of_jobs(names).order_by("name").values("name", "override")
     )
-    sql = (
-        f"(SELECT COUNT(*) FROM ({waiting}) w), "
-        f"(SELECT {OVERRIDES_TEXT[vendor]} FROM ({states}) s), {now_sql(vendor)}"
+    added, added_params = _compiled(
+        RunTimeSchedule.objects.using(using).order_by().values("changed_at")
     )
-    return sql, waiting_params + states_params
+    text = JOINED[vendor].format(
+        f"(SELECT {OVERRIDES_TEXT[vendor]} FROM ({states}) s)",
+        f"(SELECT {ADDED_TEXT[vendor]} FROM ({added}) a)",
+    )
+    sql = f"(SELECT COUNT(*) FROM ({waiting}) w), {text}, {now_sql(vendor)}"
+    return sql, waiting_params + states_params + added_params
 
 
 def look(using: str, names: list[str]) -> Look:

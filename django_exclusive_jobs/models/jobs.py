@@ -182,7 +182,8 @@ class JobChangeQuerySet(models.QuerySet["JobChange"]):
 
 class JobChange(models.Model):
     """One thing an operator did to a job: an override, a pause, a resume, a run now, a
-    backfill, a cancelled request, a lock released by force (see ``run/audit.py``). Never
+    backfill, a cancelled request, a lock released by force, a run-time schedule added,
+    changed or deleted (see ``run/audit.py``). Never
     changed or deleted by the app."""
 
     class Action(models.TextChoices):
@@ -194,6 +195,9 @@ class JobChange(models.Model):
         BACKFILL = "backfill", _("backfill")
         CANCEL = "cancel", _("cancel a waiting run")
         FORCE_RELEASE = "force_release", _("force-release the lock")
+        ADD_SCHEDULE = "schedule_added", _("add a run-time schedule")
+        CHANGE_SCHEDULE = "schedule_edited", _("change a run-time schedule")
+        DELETE_SCHEDULE = "schedule_gone", _("delete a run-time schedule")
 
     name = JobNameField(_("job"), max_length=255)
     at = models.DateTimeField(_("at"))

@@ -38,13 +38,13 @@ from .pausing import pause_after_failures as pause_after_failures
 from .pausing import pause_version as pause_version
 from .pausing import pause_version_of as pause_version_of
 from .pausing import resume as resume
-from .registry import get_job
 from .run_requests import STOP_POLL as STOP_POLL
 from .run_requests import ask_to_stop as ask_to_stop
 from .run_requests import close_stops as close_stops
 from .run_requests import find_stop as find_stop
 from .run_requests import take as take
 from .runner import Run, RunResult
+from .runtime_schedules import find_job
 from .shutdown import stop_on_signals
 from .start import Start
 
@@ -60,7 +60,7 @@ def request_run(
     """Ask for one run of ``name`` outside its schedule (a scheduler will run it); with
     ``slot``, a backfill of that past slot (see ``run/backfill.py``); with ``kwargs``,
     run with them over the job's declared ones (checked here: LockConfigurationError)."""
-    given = _checked(name, kwargs)
+    given = _checked(name, kwargs, using)
 
     def write() -> RunRequest:
         with transaction.atomic(using=using):
@@ -76,12 +76,12 @@ def request_run(
     return run_statement(using, write)
 
 
-def _checked(name: str, kwargs: object) -> dict[str, Any]:
+def _checked(name: str, kwargs: object, using: str) -> dict[str, Any]:
     """The arguments a run of ``name`` is asked for with, checked before anything is
     written or locked (None: the declared ones; ``[]`` is refused, not taken for none)."""
     if kwargs is None:
         return {}
-    job = get_job(name)
+    job = find_job(name, using=using)
     assert job is not None
     return job.check_arguments(kwargs)
 
@@ -151,8 +151,8 @@ def run_now(
     No request row: nothing a scheduler could take first. If the lock is held, nothing
     runs (the result is SKIPPED). The job's timeout stops it, as under ``run_exclusive``.
     """
-    given = _checked(name, kwargs)
-    job = get_job(name)
+    given = _checked(name, kwargs, using)
+    job = find_job(name, using=using)
     assert job is not None
     job = job.but(using=using).with_arguments(given)
     audit.recorded(name, JobChange.Action.RUN_NOW, by=by, after={"kwargs": given}, using=using)

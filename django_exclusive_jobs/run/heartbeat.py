@@ -130,6 +130,14 @@ class Heartbeat:
         row = {**self._row(free), "started_at": DatabaseNow(), "last_beat_at": DatabaseNow()}
         run_statement(self.using, lambda: self._rows().create(**row))
 
+    def serve(self, jobs: list[str], *, written: bool) -> None:
+        """It serves ``jobs`` now (a run-time schedule was added or went): its row says
+        so (one statement, if ``written``), for work spread's view of who serves what."""
+        self.jobs = jobs
+        if written:
+            rows = self._rows()
+            run_statement(self.using, lambda: rows.record_beat(process.instance, jobs=jobs))
+
     def stopped(self) -> None:
         """Mark this scheduler stopped (a clean exit), so it is not mistaken for a crash."""
         now = DatabaseNow()

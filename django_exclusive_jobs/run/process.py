@@ -32,7 +32,7 @@ from django.db import connections
 from . import forkserver
 from .forkserver import ForkServer
 from .guard import STOPS, Guard, Limits, timeout_at
-from .registry import all_jobs, get_job, parameters_of
+from .registry import all_jobs, function_of, parameters_of
 from .run_info import RunInfo, running
 from .shutdown import Interrupted, stop_on_signals
 from .tasks import Enqueued
@@ -297,7 +297,7 @@ def execute(
                 "Django could not be set up in the scheduler's fork server; restart the "
                 f"scheduler once it is fixed. The error was:\n{setup_failure}"
             )
-        job = get_job(name)
+        job = function_of(name)
         if job is None:
             raise LookupError(f"no job named {name!r} is registered in this process")
         with around(), _traced(trace, flush=flush), running(info):

@@ -65,6 +65,9 @@ class Job:
     warn_after: dt.timedelta | None = None
     # Its concurrency groups: no two jobs of a group run at the same time (``groups.py``).
     groups: tuple[str, ...] = ()
+    # A schedule added at run time (``runtime_schedules.py``): its slots end at ``ends_at``.
+    added: bool = False
+    ends_at: dt.datetime | None = None
 
     def but(self, **changes: Any) -> Job:
         """This job with some settings changed (a command line's options), checked as the
@@ -222,6 +225,13 @@ def register(job: Job) -> None:
 
 def get_job(name: str) -> Job | None:
     return _jobs.get(name)
+
+
+def function_of(name: str) -> Job | None:
+    """The declared job whose function ``name`` runs: its own, or for a schedule added at
+    run time (``JOB:KEY``, ``runtime_schedules.py``) its job's. A child process runs it
+    with the run's arguments."""
+    return _jobs.get(name) or _jobs.get(name.rpartition(SCHEDULE_SEPARATOR)[0])
 
 
 def all_jobs() -> list[Job]:

@@ -28,7 +28,7 @@ from ..lock.acquire import prepare_locks
 from ..lock.errors import LockDatabaseError
 from ..lock.retry import run_statement
 from ..logs import line
-from . import control, overrides
+from . import control, overrides, runtime_schedules
 from .heartbeat import Pulse
 from .process import Outcome, shut_down, warm_up
 from .running import Active
@@ -177,12 +177,21 @@ class Scheduler(Starts):
         return control.pending(names, using=self.using) if look.waiting else []
 
     def _read_overrides(self) -> None:
-        """Follow each job's operators' override (one query, at each poll); a job whose
-        schedule changed, or that was put right, is due again from its schedule."""
+        """Follow the run-time schedules of its jobs and each job's operators' override
+        (a query each, at each poll that finds a change); a job whose schedule changed,
+        or that was put right, is due again from its schedule."""
+        rows = runtime_schedules.read(list(self.served.code), using=self.using)
+        added, gone = self.served.take_added(rows, self.clock.now(), self._misconfigure)
+        for name in gone:
+            self.due.pop(name, None)
+            self.handoffs.forget(name)
+            self.waiting.pop(name, None)
+        if added or gone:
+            self._serving()
         states = overrides.read(self.served.names, using=self.using)
         moved = self.served.follow(states, self.clock.now(), self._misconfigure)
-        if moved and self.began:
-            self._first_due(moved)
+        if (moved or added) and self.began:
+            self._first_due(sorted({*moved, *added}))
 
     def _reap(self) -> None:
         """Finish the runs whose child has exited."""

@@ -64,6 +64,9 @@ class Starts(Upkeep):
                 waited[name] = self.handoffs.handed.pop(name)
                 continue
             job = self.served.jobs[name]
+            if job.ends_at is not None and due >= job.ends_at:  # a run-time schedule's end
+                del self.due[name]
+                continue
             if name in looks:
                 look = looks[name]
                 if look is None:  # not among its slot's first three choices

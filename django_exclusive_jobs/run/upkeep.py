@@ -104,7 +104,8 @@ class Upkeep:
         slot of any job, only what is asked for now: its row says so and lists no job, so
         no other scheduler hands it a slot (spread.py)."""
         if self.skip_schedules:
-            return ServedJobs([], jobs if on_request is None else on_request, self.say)
+            on_request = jobs if on_request is None else on_request
+            return ServedJobs([], on_request, self.say, schedules=False)
         return ServedJobs(jobs, on_request, self.say)
 
     def say(self, said: Line, normal: bool = True) -> None:
@@ -194,6 +195,11 @@ class Upkeep:
         if self.listener.moved():
             run_statement(self.using, self.listener.listen)
             self.next_poll = 0.0
+
+    def _serving(self) -> None:
+        """The jobs it serves changed (run-time schedules): its row says so."""
+        if not self.skip_schedules:
+            self.heartbeat.serve(self.served.names, written=self.began)
 
     def _database_down(self, exc: BaseException) -> None:
         """Start nothing until a probe (``_keep_time``) gets through."""

@@ -441,3 +441,13 @@ schedule_celery_task(
     every=os.environ.get("TICK_EVERY", "2s"),
     ttl=3,
 )
+
+
+# --- schedules added at run time (tests/test_runtime_schedules.py) ----------------------
+
+
+@exclusive_job("customer_report", ttl=5)
+def customer_report(run: Any, customer: str = "nobody", lines: int = 10) -> None:
+    """A report with no schedule of its own: staff add one per customer at run time.
+    Marks ``customer_report NAME SLOT CUSTOMER LINES``."""
+    mark(f"customer_report {run.name} {run.slot.isoformat()} {customer} {lines}")
