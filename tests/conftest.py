@@ -95,11 +95,15 @@ def clean_tables(alias: str) -> None:
         JobRun,
         JobState,
         RunRequest,
+        RunTimeSchedule,
         RunTotal,
         Scheduler,
     )
 
-    models = (RunRequest, JobLock, JobRun, RunTotal, Scheduler, JobState, JobChange, DBTaskResult)
+    models = (
+        RunRequest, JobLock, JobRun, RunTotal, Scheduler, JobState, JobChange, DBTaskResult,
+        RunTimeSchedule,
+    )  # fmt: skip
     for model in models:
         model.objects.using(alias).all().delete()
 

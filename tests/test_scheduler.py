@@ -335,7 +335,6 @@ def test_a_crashing_job_never_stops_the_scheduler_or_its_other_jobs(
     ("args", "message"),
     [
         (["--jobs", "nope"], "Unknown job 'nope'"),
-        (["--jobs", "quick"], "Job(s) without a schedule: quick;"),
         (["--max-concurrent", "0"], "--max-concurrent: must be a whole number of at least 1"),
         (["--grace", "-1"], "--grace must not be negative, got -1s."),
         (["--database", "nowhere"], "Unknown database alias 'nowhere'"),

@@ -65,8 +65,10 @@ class Job:
     warn_after: dt.timedelta | None = None
     # Its concurrency groups: no two jobs of a group run at the same time (``groups.py``).
     groups: tuple[str, ...] = ()
-    # A schedule added at run time (``runtime_schedules.py``): its slots end at ``ends_at``.
+    # A schedule added at run time (``runtime_schedules.py``): its slots from
+    # ``starts_at`` to before ``ends_at``.
     added: bool = False
+    starts_at: dt.datetime | None = None
     ends_at: dt.datetime | None = None
 
     def but(self, **changes: Any) -> Job:

@@ -21,6 +21,7 @@ schedule misconfigured, never its scheduler.
 from __future__ import annotations
 
 import datetime as dt
+import zoneinfo
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +67,9 @@ def check(job: Job, given: dict[str, Any]) -> dict[str, Any]:
         check_kwargs(job.func, kwargs, what="The arguments")  # says it is not a dict
     what = "The schedule's arguments (the declared kwargs updated by these)"
     check_kwargs(job.func, {**job.kwargs, **kwargs}, what=what)
-    starts, ends = (_moment(given.get(key), key, job) for key in ("starts_at", "ends_at"))
+    # A time without a zone is on the schedule's clock (its cron's zone, else the job's).
+    clock = zoneinfo.ZoneInfo(spec["timezone"]) if "timezone" in spec else job.zone
+    starts, ends = (_moment(given.get(key), key, clock) for key in ("starts_at", "ends_at"))
     if starts is not None and ends is not None and ends <= starts:
         raise LockConfigurationError("ends_at must be after starts_at.")
     enabled = given.get("enabled", True)
@@ -83,17 +86,19 @@ def check(job: Job, given: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _moment(value: Any, what: str, job: Job) -> dt.datetime | None:
+def _moment(value: Any, what: str, zone: dt.tzinfo) -> dt.datetime | None:
     if value in (None, ""):
         return None
-    return values.moment(value, what=what, zone=job.zone)
+    return values.moment(value, what=what, zone=zone)
 
 
 def declared(job: str) -> Job:
     """The declared job a schedule is added to (LockConfigurationError if none)."""
     found = get_job(job) if isinstance(job, str) else None
     if found is None:
-        raise LockConfigurationError(f"No job named {values.printable(job, limit=80)} is declared.")
+        raise LockConfigurationError(
+            f"No job named {values.printable(repr(job), limit=80)} is declared."
+        )
     return found
 
 
@@ -294,6 +299,7 @@ def job_of(row: RunTimeSchedule, base: Job) -> Job:
         name=row.name,
         schedule=schedule,
         kwargs={**base.kwargs, **checked["kwargs"]},
+        starts_at=checked["starts_at"],
         ends_at=checked["ends_at"],
         added=True,
     )

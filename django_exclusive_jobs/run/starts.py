@@ -64,8 +64,7 @@ class Starts(Upkeep):
                 waited[name] = self.handoffs.handed.pop(name)
                 continue
             job = self.served.jobs[name]
-            if job.ends_at is not None and due >= job.ends_at:  # a run-time schedule's end
-                del self.due[name]
+            if job.added and self._outside_window(job, due):
                 continue
             if name in looks:
                 look = looks[name]
@@ -78,6 +77,22 @@ class Starts(Upkeep):
             now = self.clock.now()
         if waited:
             self._take_over(waited)
+
+    def _outside_window(self, job: Job, due: dt.datetime) -> bool:
+        """A run-time schedule's slot before its ``starts_at`` waits for the first slot
+        from then; one from its ``ends_at`` on is not started, nor any after it."""
+        found = self._computed(job, when.slot_and_start, job, due)
+        if found is None:
+            return True
+        slot = found[0]
+        if job.ends_at is not None and slot >= job.ends_at:
+            del self.due[job.name]
+            return True
+        if job.starts_at is not None and slot < job.starts_at:
+            first = self._following(job, job.starts_at - dt.timedelta(microseconds=1))
+            self._next(job, None, first)
+            return True
+        return False
 
     def _wait_turn(self, job: Job, why: str, now: dt.datetime, request: RunRequest | None) -> None:
         """Another member of ``job``'s concurrency group runs: look again in a moment

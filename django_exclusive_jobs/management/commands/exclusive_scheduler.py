@@ -86,7 +86,7 @@ class Command(JobCommand):
                 returncode=EXIT_USAGE,
             )
         skip = options["skip_schedules"] or app_settings.SKIP_SCHEDULES
-        jobs = self._jobs(options["jobs"], options["exclude"], skip=skip)
+        jobs = self._jobs(options["jobs"], options["exclude"])
         alias = resolve_alias(options["database"])
         if options["database"]:
             jobs = [replace(job, using=alias) for job in jobs]
@@ -126,11 +126,10 @@ class Command(JobCommand):
         if code:
             sys.exit(code)
 
-    def _jobs(
-        self, only: list[str] | None, exclude: list[str] | None, *, skip: bool = False
-    ) -> list[Job]:
-        """The jobs to serve: every job with a schedule, or those chosen; one-line errors
-        (``skip``: schedules skipped, none needs one)."""
+    def _jobs(self, only: list[str] | None, exclude: list[str] | None) -> list[Job]:
+        """The jobs whose declared schedules it serves: every job's, or those chosen's
+        (one-line errors). A job without a schedule may be chosen: the scheduler serves
+        its schedules added at run time, and its runs asked for now."""
         known = {job.name: job for job in all_jobs()}
         for name in (only or []) + (exclude or []):
             if name not in known:
@@ -138,25 +137,10 @@ class Command(JobCommand):
                     f"Unknown job {name!r}: 'manage.py run_exclusive --list' shows the jobs.",
                     returncode=EXIT_USAGE,
                 )
-        if only and not skip:
-            unscheduled = [name for name in only if known[name].schedule is None]
-            if unscheduled:
-                raise CommandError(
-                    f"Job(s) without a schedule: {', '.join(unscheduled)}; give them every= "
-                    "or cron= in @exclusive_job(...), or run them with run_exclusive.",
-                    returncode=EXIT_USAGE,
-                )
-        chosen = [
+        return [
             job
             for job in known.values()
             if job.schedule is not None
             and (not only or job.name in only)
             and job.name not in (exclude or [])
         ]
-        if not chosen and not skip:
-            raise CommandError(
-                "No job to schedule: none of the chosen jobs has every= or cron= in "
-                "@exclusive_job(...).",
-                returncode=EXIT_USAGE,
-            )
-        return chosen
