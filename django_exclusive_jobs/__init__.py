@@ -16,6 +16,7 @@ __all__ = [
     "LockLost",
     "RunInfo",
     "add_schedule",
+    "celery_beat_job",
     "change_schedule",
     "current_run",
     "delete_schedule",
@@ -41,6 +42,7 @@ _LAZY = {
     "RunInfo": "run.run_info",
     "current_run": "run.run_info",
     "add_schedule": "run.runtime_schedules",
+    "celery_beat_job": "run.celery_beat",
     "change_schedule": "run.runtime_schedules",
     "delete_schedule": "run.runtime_schedules",
     "list_schedules": "run.runtime_schedules",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
         LockLost,
     )
     from .lock.lock import Lock
+    from .run.celery_beat import celery_beat_job
     from .run.celery_tasks import schedule_celery_task
     from .run.decorator import exclusive_job
     from .run.run_info import RunInfo, current_run

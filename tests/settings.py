@@ -43,6 +43,12 @@ INSTALLED_APPS = [
     "django_tasks_db",
     "tests.testapp",
 ]
+try:  # the test extra has it: its periodic tasks are imported (tests/test_celery_beat.py)
+    import django_celery_beat  # noqa: F401
+
+    INSTALLED_APPS.append("django_celery_beat")
+except ImportError:
+    pass
 
 # Django's tasks framework: django.tasks from Django 6.0, the django_tasks backport before.
 try:

@@ -407,6 +407,7 @@ def test_list_shows_registered_jobs() -> None:
         "backfill_hourly",
         "backfill_slotless",
         "broken",
+        "celery_beat",
         "celery_tick",
         "crash",
         "customer_report",

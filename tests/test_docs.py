@@ -65,6 +65,7 @@ from django_exclusive_jobs.models import JobLock, JobRun, RunStatus
 from django_exclusive_jobs.run import registry
 from django_exclusive_jobs.run.runner import Run
 from django_exclusive_jobs.run.schedules import make_schedule
+from django_exclusive_jobs.run.start import Start
 
 from .conftest import clean_tables
 from .helpers import expire_now
@@ -828,6 +829,45 @@ def test_celery_beat_moved_sample(sqlite: str, monkeypatch: pytest.MonkeyPatch) 
     assert (name, options["kwargs"]) == ("reports.tasks.send_invoices", {"batch": 500})
     assert options["headers"]["exclusive_jobs_slot"] == run.slot.isoformat()
     assert run.task_result_id == options["task_id"]
+
+
+def test_celery_beat_job_sample(sqlite: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job an import adds its schedules to sends the task a schedule's arguments
+    name, with its arguments and queue (a stand-in Celery app records what is sent;
+    tests/test_celery_beat.py imports real rows and sends to a real worker)."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(name: str, **options: Any) -> Any:
+        sent.append((name, options))
+        return types.SimpleNamespace(id=options["task_id"])
+
+    app = types.SimpleNamespace(send_task=send_task)
+    monkeypatch.setitem(sys.modules, "celery", types.SimpleNamespace(current_app=app))
+    registry._jobs.pop("celery_beat", None)  # the test app declares one too
+    load_sample("celery_beat_job")
+    job = registry.get_job("celery_beat")
+    assert job is not None
+    given = {"task": "reports.tasks.send", "args": [1], "kwargs": {"x": 2}, "queue": "q"}
+    Run(job.with_arguments(given), start=Start.run_now("ops")).call()
+    [(name, options)] = sent
+    assert (name, options["args"], options["kwargs"], options["queue"]) == (
+        "reports.tasks.send", [1], {"x": 2}, "q",
+    )  # fmt: skip
+
+
+def test_runtime_schedule_sample(sqlite: str) -> None:
+    """The schedule is added, changed and paused through the one door, each audited."""
+    from django_exclusive_jobs.models import JobChange, RunTimeSchedule
+
+    load_sample("runtime_schedule")
+    row = RunTimeSchedule.objects.get(name="customer_report:acme")
+    assert (row.cron, row.timezone, row.kwargs, row.enabled) == (
+        "0 7 * * 1", "Europe/Paris", {"customer": "acme"}, False,
+    )  # fmt: skip
+    changes = JobChange.objects.filter(name="customer_report:acme").order_by("at", "id")
+    assert [change.action for change in changes] == [
+        "schedule_added", "schedule_edited", "schedule_edited",
+    ]  # fmt: skip
 
 
 def test_django_tasks_sample(sqlite: str, django_tasks: None) -> None:
@@ -1718,7 +1758,7 @@ def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
         "exclusive_jobs",
         {
             *("json", "check", "database", "by", "kwargs", "reason", "until"),
-            *("start", "end", "dry_run", "wait", "yes", "count"),
+            *("start", "end", "dry_run", "wait", "yes", "count", "beat_database"),
         },
     )
     assert set(re.findall(r"^\| `(--[a-z-]+)", reference, re.MULTILINE)) == options
@@ -1728,7 +1768,7 @@ def test_exclusive_jobs_exit_codes_and_options_match_the_docs() -> None:
         if not action.option_strings and action.choices
         for choice in action.choices
     }
-    assert set(re.findall(r"^\| `([a-z]+)[ `]", reference, re.MULTILINE)) == actions
+    assert set(re.findall(r"^\| `([a-z][a-z-]*)[ `]", reference, re.MULTILINE)) == actions
 
 
 def test_exclusive_jobs_prints_the_documented_lines(sqlite: str) -> None:

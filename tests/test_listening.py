@@ -96,10 +96,11 @@ def test_an_idle_scheduler_sends_one_statement_a_beat_or_a_look(
         assert served.run() == 0
     if connections[alias].vendor == "postgresql":
         assert served.listener.listening
-        # Its first read of the requests and of the overrides; then only the beats,
-        # each one statement with the live schedulers, the clock and a look for what
-        # no NOTIFY told of (it found nothing: no read followed); the stop.
-        assert seen["all"] - seen["_scheduler"] == 2, seen
+        # Its first read of the run-time schedules, the overrides and the requests;
+        # then only the beats, each one statement with the live schedulers, the clock
+        # and a look for what no NOTIFY told of (it found nothing: no read followed);
+        # the stop.
+        assert seen["all"] - seen["_scheduler"] == 3, seen
         assert 5 <= seen["_scheduler"] <= 3 / 0.5 + 2, seen
     else:
         assert not served.listener.wanted
@@ -247,7 +248,8 @@ def test_a_beat_that_looks_writes_its_row_if_missing_and_its_beat_if_not(alias: 
     [written] = SchedulerRow.objects.using(alias).all()
     assert (written.host, written.pid, written.jobs, written.free) == ("web-1", 42, ["quick"], 3)
     assert written.stopped_at is None and written.acknowledged_by == ""
-    assert (first.waiting, first.overrides) == (1, "")
+    # No override, then no run-time schedule (none, no change): "COUNT@LATEST".
+    assert (first.waiting, first.overrides) == (1, "\n0@")
     second = beats.beat_and_look(alias, {**row, "free": 1}, ["quick"])
     assert second is not None and second.waiting == 1
     [beaten] = SchedulerRow.objects.using(alias).all()

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, transaction
 
 from .. import values
+from ..lock.acquire import prepare_locks
 from ..lock.clock import DatabaseNow, database_now
 from ..lock.errors import LockConfigurationError
 from ..lock.retry import run_statement
@@ -157,6 +158,9 @@ def add_schedule(
         run_statement(alias, write)
     except IntegrityError:
         raise LockConfigurationError(f"A schedule named {name} exists already.") from None
+    # Its lock row now, so that the first schedulers to take it never race to insert it
+    # (which PostgreSQL would log as an error).
+    prepare_locks([name], using=alias)
     return _found(name, alias)
 
 

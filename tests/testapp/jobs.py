@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_exclusive_jobs import exclusive_job, schedule_celery_task
+from django_exclusive_jobs import celery_beat_job, exclusive_job, schedule_celery_task
 
 
 def mark(text: str) -> None:
@@ -441,6 +441,9 @@ schedule_celery_task(
     every=os.environ.get("TICK_EVERY", "2s"),
     ttl=3,
 )
+
+# The job django-celery-beat's periodic tasks are imported into (tests/test_celery_beat.py).
+celery_beat_job(app="tests.celery_app.app", ttl=3)
 
 
 # --- schedules added at run time (tests/test_runtime_schedules.py) ----------------------

@@ -1,5 +1,6 @@
 """``manage.py exclusive_jobs [--json | --check] | pause NAME | resume NAME | run NAME
-[--kwargs JSON] | backfill NAME --from T | next NAME [-n N] [--json]``."""
+[--kwargs JSON] | backfill NAME --from T | next NAME [-n N] [--json] |
+import-celery-beat [NAME] [--dry-run]``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from django.core.management.base import CommandError, CommandParser
 from django_exclusive_jobs import values
 from django_exclusive_jobs.health import JobHealth, Overview, overview
 from django_exclusive_jobs.lock.clock import database_now
+from django_exclusive_jobs.lock.errors import LockConfigurationError
 from django_exclusive_jobs.lock.retry import run_statement
 from django_exclusive_jobs.lock.validation import check_outside_transaction, resolve_alias
 from django_exclusive_jobs.management.base import (
@@ -26,7 +28,7 @@ from django_exclusive_jobs.management.base import (
     reason_option,
 )
 from django_exclusive_jobs.management.output import given, line_printer, one_line
-from django_exclusive_jobs.run import backfill, control, overrides, preview
+from django_exclusive_jobs.run import backfill, celery_beat, control, overrides, preview
 from django_exclusive_jobs.run.registry import get_job
 from django_exclusive_jobs.values import printable
 
@@ -43,11 +45,15 @@ backfill NAME --from T [--to T]: run here, oldest first, each slot of the job fr
 T (default now) that has no run that succeeded, once across all servers; --dry-run only
 lists them. A time without a zone is in the job's cron time zone, else TIME_ZONE. A job
 whose function takes no slot argument needs --yes (each run would do the same work).
+import-celery-beat [NAME] [--dry-run]: add each of django-celery-beat's periodic tasks
+as a run-time schedule of the job NAME (default celery_beat, declared by
+celery_beat_job()); --dry-run only says what it would add and what it cannot carry.
 next NAME [-n N]: the job's next N slots (default 10) after the database's time, in UTC
 and in its time zone (its cron time zone, else TIME_ZONE), with their start if it has a
 jitter; a job without a schedule has none (one line, exit 0).
 
-exit codes: 0 all well (or done); 1 --check found problems, or run NAME failed or its
+exit codes: 0 all well (or done); 1 --check found problems, or import-celery-beat could
+not carry a periodic task (each one said), or run NAME failed or its
 lock is held, or a backfilled slot did not succeed or was not run (its lock stayed held
 past --wait); 2 usage or configuration error (unknown job, a bad range, --kwargs that
 are not JSON or do not fit the job's function, migrations not applied); 3 the database
@@ -69,7 +75,7 @@ class Command(JobCommand):
         parser.add_argument(
             "action",
             nargs="?",
-            choices=["list", "pause", "resume", "run", "backfill", "next"],
+            choices=["list", "pause", "resume", "run", "backfill", "next", "import-celery-beat"],
             default="list",
         )
         parser.add_argument(
@@ -82,6 +88,11 @@ class Command(JobCommand):
             "--check", action="store_true", help="one line per problem; exit 1 if any"
         )
         parser.add_argument("--database", help="database alias of the lock table")
+        parser.add_argument(
+            "--beat-database",
+            help="import-celery-beat: where django-celery-beat's tables are (default: "
+            "where Django's routers read them)",
+        )
         _pause_options(parser)
         _run_options(parser)
         _backfill_options(parser)
@@ -106,6 +117,11 @@ class Command(JobCommand):
             if name:
                 raise CommandError("list takes no NAME.", returncode=2)
             self._list(using, as_json=options["json"], check=options["check"])
+            return
+        if options["beat_database"] and action != "import-celery-beat":
+            raise CommandError("--beat-database goes with import-celery-beat.", returncode=2)
+        if action == "import-celery-beat":
+            self._import_celery_beat(name or celery_beat.JOB, using, options)
             return
         if not name:
             raise CommandError(f"{action} needs the job's NAME.", returncode=2)
@@ -174,6 +190,37 @@ class Command(JobCommand):
         done = backfill.run_slots(plan, by=who, using=using, wait=options["wait"], report=report)
         if done.exit_code:
             sys.exit(done.exit_code)
+
+    def _import_celery_beat(self, name: str, using: str, options: dict[str, Any]) -> None:
+        """django-celery-beat's periodic tasks as run-time schedules of ``name``."""
+        if options["start"] or options["end"] or options["yes"] or options["kwargs"]:
+            said = "import-celery-beat takes only --dry-run, --by and --beat-database."
+            raise CommandError(said, returncode=2)
+        try:
+            plan = celery_beat.import_tasks(
+                name, using=using, by=operator(options["by"]), dry_run=options["dry_run"],
+                source=options["beat_database"],
+            )  # fmt: skip
+        except LockConfigurationError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        done = "would import" if options["dry_run"] else "imported"
+        for carried in plan.carried:
+            said = overrides.describe("schedule", celery_beat.spec_of(carried.settings))
+            self.stdout.write(one_line(f"{done} {carried.task} as {name}:{carried.key}: {said}"))
+            if carried.left_out:
+                left = ", ".join(carried.left_out)
+                self.stdout.write(one_line(f"  not carried of {carried.task}: {left}"))
+        for task in plan.existing:
+            self.stdout.write(one_line(f"already imported: {task}"))
+        for missing in plan.not_carried:
+            self.stdout.write(one_line(f"not carried: {missing.task}: {missing.why}"))
+        said = (
+            f"{len(plan.carried)} {done}, {len(plan.existing)} already imported, "
+            f"{len(plan.not_carried)} not carried"
+        )
+        self.stdout.write(one_line(said))
+        if plan.not_carried:
+            sys.exit(1)
 
     def _next(self, name: str, using: str, options: dict[str, Any]) -> None:
         job = overrides.job_in_force(name, using=using, strict=True)  # an operator's, if any
