@@ -27,7 +27,7 @@ from .models import (
     Scheduler,
     SchedulerState,
 )
-from .run import overrides, slot_locks
+from .run import overrides, runtime_schedules, slot_locks
 from .run.arguments import describe as describe_arguments
 from .run.preview import upcoming
 from .run.registry import Job, all_jobs
@@ -118,7 +118,7 @@ class Overview:
 
 
 def overview(using: str, *, slots: int = 1, recent: int = 0) -> Overview:
-    """Read every job's state: eight queries, however many jobs and runs there are (nine
+    """Read every job's state: nine queries, however many jobs and runs there are (ten
     with ``recent``).
 
     ``slots``: how many of each scheduled job's next slots to compute (on the database's
@@ -155,11 +155,17 @@ class _Read:
     last_runs: dict[str, list[JobRun]]
     requests: dict[str, list[RunRequest]]
     skipped: bool  # SKIP_SCHEDULES in this process's settings, read once
+    # The run-time schedules (in ``declared``), with why none of their slots starts.
+    added: dict[str, str]
 
     @classmethod
     def of(cls, using: str, recent: int) -> _Read:
         now = database_now(using)
         declared = {job.name: job for job in all_jobs()}
+        added = runtime_schedules.jobs_of(
+            runtime_schedules.list_schedules(using=using), declared, now
+        )
+        declared.update({name: job for name, (job, _) in added.items()})
         rows = JobLock.objects.using(using).with_state().with_runs()
         locks = {lock.name: lock for lock in rows}
         if set(declared) - set(locks):
@@ -198,6 +204,7 @@ class _Read:
             last_runs,
             requests,
             bool(app_settings.SKIP_SCHEDULES),
+            {name: why for name, (_, why) in added.items()},
         )
 
 
@@ -221,6 +228,8 @@ def _job_health(read: _Read, name: str, slots: int) -> JobHealth:
         job = _in_force(health, job, state, read.now) if job is not None else None
     if any(row.serves(name) for row in read.schedulers):
         health.schedulers = sum(row.serves(name) for row in read.alive)
+    if name in read.added:
+        _added(health, job, read.added[name])
     if job is not None:
         _describe(health, job, read.now, slots)
     judge(health, job, read.now, uses_schedulers=bool(read.schedulers), skipped=read.skipped)
@@ -294,6 +303,16 @@ def _read_state(health: JobHealth, job: Job | None, state: JobState, now: dt.dat
         health.override_reason = state.override_reason
 
 
+def _added(health: JobHealth, job: Job | None, why: str) -> None:
+    """A run-time schedule: switched off or ended, it shows as paused (nothing of it is
+    due); one the scheduler cannot use, as misconfigured."""
+    health.added = True
+    if why in ("switched off", "ended"):
+        health.paused, health.pause_reason = True, why
+    elif why:
+        health.misconfigured = why
+
+
 def _in_force(health: JobHealth, job: Job, state: JobState, now: dt.datetime) -> Job:
     """The job as its override has it run, if the override can be used and its schedule
     computed; else the job as declared, and ``health.misconfigured`` says why."""
@@ -315,13 +334,14 @@ def _describe(health: JobHealth, job: Job, now: dt.datetime, slots: int) -> None
         health.schedule, health.timezone = schedule_in_words(job.schedule)
         if health.misconfigured:
             return  # no slot of its is started: none is shown coming
-        health.upcoming = upcoming(job, now, slots)
+        coming = upcoming(job, max(now, job.starts_at or now), slots)
+        health.upcoming = [each for each in coming if not job.ends_at or each.slot < job.ends_at]
     except Exception as exc:  # a slot out of range, a few slots on: still the job's problem
         failed = overrides.uncomputable(job.name, exc)
         health.misconfigured = health.misconfigured or failed.reason
         health.upcoming = []
         return
-    health.next_slot = health.upcoming[0].slot
+    health.next_slot = health.upcoming[0].slot if health.upcoming else None
     last = health.last_run
     if job.task is not None and last is not None and last.task_result_id:
         health.task_status = result_status(job.task, last.task_result_id, last.task_backend)

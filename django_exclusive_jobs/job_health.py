@@ -51,6 +51,7 @@ class JobHealth:
 
     name: str
     declared: bool
+    added: bool = False  # a schedule added at run time (runtime_schedules.py)
     schedule: str = ""
     timezone: str = ""
     arguments: str = ""  # the keyword arguments its runs pass, as one line of JSON
@@ -102,6 +103,7 @@ class JobHealth:
         return {
             "name": self.name,
             "declared": self.declared,
+            "run_time": self.added,
             "schedule": self.schedule,
             "timezone": self.timezone,
             "arguments": self.arguments or None,

@@ -664,3 +664,92 @@ def test_operator_overrides_a_schedule_a_running_scheduler_follows_and_back_to_t
                 process.communicate(timeout=30)
         for context in contexts:
             context.close()
+
+
+def test_staff_add_edit_pause_and_delete_a_run_time_schedule(
+    browser: Any, live_server: Any
+) -> None:
+    """customer_report has no schedule in the code. Staff add one for acme, every hour
+    with its own arguments; it is listed, and the jobs page marks it run-time (the
+    declared job: in the code). They move it to Mondays at 8, switch it off and delete
+    it: each step one audited change, by them, with their reason."""
+    from django.contrib.auth.models import Permission
+
+    from django_exclusive_jobs.models import JobChange, RunTimeSchedule
+
+    user = User.objects.create_user("oncall", password="correct horse", is_staff=True)
+    for codename in ("view_jobstate", "view_jobrun", "view_joblock"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    for what in ("add", "change", "delete", "view"):
+        user.user_permissions.add(Permission.objects.get(codename=f"{what}_runtimeschedule"))
+    name = "customer_report:acme"
+    row_of = f'#runtime-schedules tr[data-job="{name}"]'
+    jobs_page = f"{live_server.url}/admin/django_exclusive_jobs/jobstate/"
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live_server.url)
+        page.goto(jobs_page)
+        page.click("#add-runtime-schedule")
+        page.select_option("#id_job", "customer_report")
+        page.fill("#id_key", "acme")
+        page.fill("#id_every", "1h")
+        page.fill("#id_kwargs", '{"customer": "acme", "lines": "x", "nope": 1}')
+        page.fill("#id_reason", "acme signed")
+        page.click("input[name=_save]")
+        assert "unknown argument 'nope'" in page.locator(".errorlist.nonfield").inner_text()
+        assert not RunTimeSchedule.objects.exists()
+        page.fill("#id_kwargs", '{"customer": "acme"}')
+        shot(page, "admin-runtime-schedule-add")
+        page.click("input[name=_save]")
+        assert "was added successfully" in page.locator(".messagelist").inner_text()
+        listed = page.locator("#result_list tbody tr", has_text=name)
+        assert "every 1h" in listed.inner_text() and "oncall (admin)" in listed.inner_text()
+        shot(page, "admin-runtime-schedules")
+
+        page.goto(jobs_page)
+        row = page.locator(row_of)
+        assert "run-time" in row.locator(".exclusive-jobs-origin").inner_text()
+        assert row.locator(".exclusive-jobs-next-slots li").count() == 5
+        declared = page.locator("#jobs tr[data-job=customer_report] .exclusive-jobs-origin")
+        assert declared.inner_text() == "in the code"
+        shot(page, "admin-jobs-runtime-schedules", "#runtime-schedules")
+
+        row.locator("a.exclusive-jobs-edit").click()
+        page.fill("#id_every", "")
+        page.fill("#id_cron", "0 8 * * 1")
+        page.fill("#id_timezone", "Europe/Paris")
+        page.fill("#id_reason", "Monday mornings")
+        page.click("input[name=_continue]")
+        assert "was changed successfully" in page.locator(".messagelist").inner_text()
+        assert page.locator("#id_cron").input_value() == "0 8 * * 1"
+        page.uncheck("#id_enabled")
+        page.fill("#id_reason", "acme on holiday")
+        page.click("input[name=_continue]")
+        audit = page.locator("#schedule-audit #job-changes tbody tr")
+        audit.nth(2).wait_for()  # count() does not wait for the page
+        assert audit.count() == 3
+        assert not RunTimeSchedule.objects.get(name=name).enabled
+        assert "acme on holiday" in audit.first.inner_text()  # newest first
+        shot(page, "admin-runtime-schedule-change")
+        page.goto(jobs_page)
+        assert "switched off" in page.locator(row_of).inner_text()
+
+        page.goto(page.url.replace("/jobstate/", "/runtimeschedule/"))
+        page.locator("#result_list tbody tr", has_text=name).locator("a").first.click()
+        page.click("a.deletelink")
+        page.click("input[type=submit]")
+        assert "was deleted successfully" in page.locator(".messagelist").inner_text()
+        assert not RunTimeSchedule.objects.exists()
+        changes = JobChange.objects.filter(name=name).order_by("id")
+        assert list(changes.values_list("action", "by", "reason")) == [
+            ("schedule_added", "oncall (admin)", "acme signed"),
+            ("schedule_edited", "oncall (admin)", "Monday mornings"),
+            ("schedule_edited", "oncall (admin)", "acme on holiday"),
+            ("schedule_gone", "oncall (admin)", ""),
+        ]
+        edited = changes[1]
+        assert edited.before["every"] == 3600 and edited.after["cron"] == "0 8 * * 1"
+        assert changes[2].after == {"enabled": False}
+    finally:
+        context.close()

@@ -308,3 +308,33 @@ def test_schedulers_take_up_schedules_added_while_they_run_each_slot_once(
     rows = JobRun.objects.using(alias).filter(name__startswith=f"{JOB}:")
     counted = Counter((run.name, run.slot, run.attempt) for run in rows)
     assert max(counted.values()) == 1
+
+
+# --- the health view, --check and the jobs page ------------------------------------------
+
+
+def test_health_judges_each_run_time_schedule_as_a_job_of_its_own(alias: str) -> None:
+    """A failing schedule is a problem (--check, the health view, metrics); one switched
+    off shows paused; one its scheduler cannot use, misconfigured; none is undeclared."""
+    from django_exclusive_jobs.health import overview
+
+    now = database_now(alias)
+    add_schedule(JOB, "acme", every="1h", kwargs={"customer": "acme"}, by="ops", using=alias)
+    add_schedule(JOB, "off", every="1h", enabled=False, by="ops", using=alias)
+    RunTimeSchedule.objects.using(alias).create(  # past the door: SQL, an old version
+        name=f"{JOB}:bad", job=JOB, key="bad", every=3600.0, kwargs={"renamed": 1},
+        created_at=now, created_by="sql", changed_at=now, changed_by="sql",
+    )  # fmt: skip
+    slot = now.replace(minute=0, second=0, microsecond=0)
+    JobRun.objects.using(alias).create(
+        name=f"{JOB}:acme", slot=slot, status="failed", started_at=now, finished_at=now
+    )
+    seen = overview(alias)
+    jobs = {job.name: job for job in seen.jobs}
+    assert not [job.name for job in seen.undeclared if job.name.startswith(JOB)]
+    acme, off, bad = (jobs[f"{JOB}:{key}"] for key in ("acme", "off", "bad"))
+    assert acme.added and acme.as_dict()["run_time"] and not jobs[JOB].added
+    assert acme.schedule == "Every hour" and acme.arguments == '{"customer": "acme"}'
+    assert any("failing" in problem for problem in acme.problems), acme.problems
+    assert (off.badge, off.pause_reason, off.problems) == ("paused", "switched off", [])
+    assert "its run-time schedule" in bad.misconfigured

@@ -26,17 +26,12 @@ from ..health import Health, overview
 from ..lock.clock import database_now
 from ..lock.errors import LockConfigurationError
 from ..lock.validation import resolve_alias
-from ..models import (
-    JobRun,
-    JobState,
-    RunRequest,
-    Scheduler,
-)
+from ..models import JobRun, JobState, RunRequest, Scheduler
 from ..run import audit, backfill, control, overrides
 from ..run.arguments import describe as describe_arguments
 from ..run.preview import upcoming
 from ..run.registry import get_job
-from . import pictures
+from . import pictures, runtime_schedules
 from .backfill import BackfillForm
 from .display import moment
 from .override import OverrideForm, PauseForm, ReasonForm
@@ -132,8 +127,12 @@ class JobsAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             **self._picture_context(request),
             "title": _("All jobs"),
             "overview": seen,
-            "rows": [(job, self._strip(job.recent)) for job in seen.jobs],
-            "undeclared_rows": [(job, self._strip(job.recent)) for job in seen.undeclared],
+            # The code's jobs; the run-time schedules have their own section, below.
+            "rows": [(job, self._strip(job.recent)) for job in seen.jobs if not job.added],
+            # The run-time schedules, and the jobs only the history knows without them.
+            **runtime_schedules.jobs_page(
+                request, seen, self._using(), slots=NEXT_SLOTS, strip=self._strip
+            ),
         }
         return TemplateResponse(request, "admin/django_exclusive_jobs/jobstate/jobs.html", context)
 

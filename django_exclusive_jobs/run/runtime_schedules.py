@@ -320,6 +320,27 @@ def in_force(rows: list[RunTimeSchedule], now: dt.datetime) -> list[RunTimeSched
     return [row for row in rows if row.enabled and (row.ends_at is None or row.ends_at > now)]
 
 
+def jobs_of(
+    rows: list[RunTimeSchedule], code: dict[str, Job], now: dt.datetime
+) -> dict[str, tuple[Job, str]]:
+    """Each row of a job in ``code`` as the job it runs as, with why none of its slots
+    starts now ("" if they do): switched off, ended, or misconfigured (then the job is
+    its declared job's, renamed, without a schedule). For the pages and the health view."""
+    found = {}
+    for row in rows:
+        base = code.get(row.job)
+        if base is None or row.name in code:
+            continue
+        try:
+            job = overrides.tried(job_of(row, base), now)
+        except overrides.Misconfigured as exc:
+            found[row.name] = (replace(base, name=row.name, schedule=None, added=True), exc.reason)
+            continue
+        why = "" if in_force([row], now) else "ended" if row.enabled else "switched off"
+        found[row.name] = (job, why)
+    return found
+
+
 def find_job(name: str, *, using: str) -> Job | None:
     """The job ``name`` runs as: declared, or a run-time schedule (one query)."""
     job = get_job(name)

@@ -102,24 +102,12 @@ class Command(JobCommand):
         using = resolve_alias(options["database"])
         check_outside_transaction(using)
         action, name = options["action"], options["name"]
-        if options["count"] is not None and action != "next":
-            raise CommandError("-n goes with next.", returncode=2)
-        if options["check"] and action != "list":
-            raise CommandError("--check goes with list.", returncode=2)
-        if options["json"] and action not in ("list", "next"):
-            raise CommandError("--json goes with list and next.", returncode=2)
-        if (options["reason"] and action not in ("pause", "resume")) or (
-            options["until"] and action != "pause"
-        ):
-            said = "--reason goes with pause and resume, --until with pause."
-            raise CommandError(said, returncode=2)
+        _refuse_misplaced(action, options)
         if action == "list":
             if name:
                 raise CommandError("list takes no NAME.", returncode=2)
             self._list(using, as_json=options["json"], check=options["check"])
             return
-        if options["beat_database"] and action != "import-celery-beat":
-            raise CommandError("--beat-database goes with import-celery-beat.", returncode=2)
         if action == "import-celery-beat":
             self._import_celery_beat(name or celery_beat.JOB, using, options)
             return
@@ -330,6 +318,23 @@ def _named(job: JobHealth) -> str:
     if not job.declared:
         return f"{job.name} (not declared any more)"
     return f"{job.name} {job.arguments}" if job.arguments else job.name
+
+
+def _refuse_misplaced(action: str, options: dict[str, Any]) -> None:
+    """An option given with an action it does not go with: one line, exit 2."""
+    if options["count"] is not None and action != "next":
+        raise CommandError("-n goes with next.", returncode=2)
+    if options["check"] and action != "list":
+        raise CommandError("--check goes with list.", returncode=2)
+    if options["json"] and action not in ("list", "next"):
+        raise CommandError("--json goes with list and next.", returncode=2)
+    if (options["reason"] and action not in ("pause", "resume")) or (
+        options["until"] and action != "pause"
+    ):
+        said = "--reason goes with pause and resume, --until with pause."
+        raise CommandError(said, returncode=2)
+    if options["beat_database"] and action != "import-celery-beat":
+        raise CommandError("--beat-database goes with import-celery-beat.", returncode=2)
 
 
 def _pause_options(parser: CommandParser) -> None:
