@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import environ
@@ -43,12 +44,17 @@ INSTALLED_APPS = [
     "django_tasks_db",
     "tests.testapp",
 ]
-try:  # the test extra has it: its periodic tasks are imported (tests/test_celery_beat.py)
-    import django_celery_beat  # noqa: F401
+# django-celery-beat (the dev extra), whose periodic tasks tests/test_celery_beat.py
+# imports: in the test processes (its tables are made with the test databases) and in
+# a command a test starts with EXCLUSIVE_JOBS_TEST_CELERY_BEAT=1, not in the hundreds of
+# others, each of which would import Celery as it starts (CI: 550 s of CPU more).
+if "_pytest" in sys.modules or os.environ.get("EXCLUSIVE_JOBS_TEST_CELERY_BEAT"):
+    try:
+        import django_celery_beat  # noqa: F401
 
-    INSTALLED_APPS.append("django_celery_beat")
-except ImportError:
-    pass
+        INSTALLED_APPS.append("django_celery_beat")
+    except ImportError:
+        pass
 
 # Django's tasks framework: django.tasks from Django 6.0, the django_tasks backport before.
 try:

@@ -138,8 +138,9 @@ def test_what_a_schedule_cannot_carry_is_listed_and_one_imported_is_left() -> No
 
 def exclusive_jobs(alias: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "django", "exclusive_jobs", *args, "--database", alias]
+    beat = {**env, "EXCLUSIVE_JOBS_TEST_CELERY_BEAT": "1"}  # tests/settings.py: the app
     return subprocess.run(
-        [*command, "--beat-database", alias], cwd=ROOT, env=env, capture_output=True,
+        [*command, "--beat-database", alias], cwd=ROOT, env=beat, capture_output=True,
         text=True, timeout=120,
     )  # fmt: skip
 
