@@ -705,7 +705,6 @@ def test_staff_add_edit_pause_and_delete_a_run_time_schedule(
         assert "was added successfully" in page.locator(".messagelist").inner_text()
         listed = page.locator("#result_list tbody tr", has_text=name)
         assert "every 1h" in listed.inner_text() and "oncall (admin)" in listed.inner_text()
-        shot(page, "admin-runtime-schedules")
 
         page.goto(jobs_page)
         row = page.locator(row_of)
@@ -731,7 +730,6 @@ def test_staff_add_edit_pause_and_delete_a_run_time_schedule(
         assert audit.count() == 3
         assert not RunTimeSchedule.objects.get(name=name).enabled
         assert "acme on holiday" in audit.first.inner_text()  # newest first
-        shot(page, "admin-runtime-schedule-change")
         page.goto(jobs_page)
         assert "switched off" in page.locator(row_of).inner_text()
 
