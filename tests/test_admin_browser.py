@@ -166,6 +166,7 @@ def test_on_call_engineer_force_releases_a_stale_lock_but_not_a_held_one(
             context.close()
 
 
+@pytest.mark.no_deadline  # no scheduler, no slot: at nice 10 (tests/cpu_report.py)
 def test_admin_pages_follow_dark_mode(browser: Any, live_server: Any) -> None:
     User.objects.create_superuser("oncall", password="correct horse")
     with other_holder("default") as other:
@@ -308,6 +309,7 @@ def test_on_call_engineer_runs_a_job_now_with_arguments(
         context.close()
 
 
+@pytest.mark.no_deadline  # no scheduler, no slot: at nice 10 (tests/cpu_report.py)
 def test_a_viewer_sees_no_buttons_and_a_forged_post_is_refused(
     browser: Any, live_server: Any
 ) -> None:
@@ -392,6 +394,7 @@ def test_on_call_engineer_cancels_a_waiting_run_and_acknowledges_a_crashed_sched
         context.close()
 
 
+@pytest.mark.no_deadline  # no scheduler, no slot: at nice 10 (tests/cpu_report.py)
 def test_on_call_engineer_previews_and_asks_for_a_backfill(browser: Any, live_server: Any) -> None:
     import datetime as dt
 
@@ -483,6 +486,7 @@ def pictured_runs() -> None:
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
+@pytest.mark.no_deadline  # no scheduler, no slot: at nice 10 (tests/cpu_report.py)
 def test_each_jobs_strip_and_a_jobs_chart_read_in_light_and_dark(
     browser: Any, live_server: Any, scheme: str
 ) -> None:
@@ -666,6 +670,7 @@ def test_operator_overrides_a_schedule_a_running_scheduler_follows_and_back_to_t
             context.close()
 
 
+@pytest.mark.no_deadline  # no scheduler, no slot: at nice 10 (tests/cpu_report.py)
 def test_staff_add_edit_pause_and_delete_a_run_time_schedule(
     browser: Any, live_server: Any
 ) -> None:
