@@ -36,7 +36,7 @@ from ..lock.validation import resolve_alias
 from . import audit, overrides
 from .arguments import check_kwargs
 from .registry import Job, get_job
-from .schedules import SCHEDULE_SEPARATOR, make_schedule
+from .schedules import SCHEDULE_SEPARATOR, Schedule, make_schedule
 
 if TYPE_CHECKING:
     from ..models import RunTimeSchedule, RunTimeScheduleQuerySet
@@ -51,6 +51,12 @@ def check(job: Job, given: dict[str, Any]) -> dict[str, Any]:
     """``given`` (a run-time schedule of ``job``'s settings) checked, normalized as
     stored; LockConfigurationError, one line. ``cron=`` or ``every=`` (not both), the
     time zone a cron's, arguments that fit the function over the declared ones."""
+    return _checked(job, given)[0]
+
+
+def _checked(job: Job, given: dict[str, Any]) -> tuple[dict[str, Any], Schedule]:
+    """:func:`check`'s settings, and the schedule it built from them (with the job's
+    slot tolerance)."""
     unknown = sorted(set(given) - set(SETTINGS))
     if unknown:
         raise LockConfigurationError(f"A run-time schedule has no {', '.join(unknown)}.")
@@ -76,7 +82,7 @@ def check(job: Job, given: dict[str, Any]) -> dict[str, Any]:
     enabled = given.get("enabled", True)
     if not isinstance(enabled, bool):
         raise LockConfigurationError(f"enabled must be True or False, not {enabled!r}.")
-    return {
+    checked = {
         "cron": spec.get("cron", ""),
         "timezone": spec.get("timezone") or "",
         "every": spec.get("every"),
@@ -85,6 +91,8 @@ def check(job: Job, given: dict[str, Any]) -> dict[str, Any]:
         "ends_at": ends,
         "enabled": enabled,
     }
+    assert schedule is not None
+    return checked, schedule
 
 
 def _moment(value: Any, what: str, zone: dt.tzinfo) -> dt.datetime | None:
@@ -289,13 +297,8 @@ def describe(row: RunTimeSchedule) -> str:
 def job_of(row: RunTimeSchedule, base: Job) -> Job:
     """The job the row runs as; :class:`overrides.Misconfigured` if the row cannot be
     used (its values out of the door's bounds, arguments its function no longer takes)."""
-    tolerance = base.schedule.tolerance if base.schedule is not None else None
     try:
-        checked = check(base, settings_of(row))
-        schedule = make_schedule(
-            every=checked["every"], cron=checked["cron"] or None,
-            timezone=checked["timezone"] or None, tolerance=tolerance,
-        )  # fmt: skip
+        checked, schedule = _checked(base, settings_of(row))
     except (LockConfigurationError, TypeError, ValueError, ArithmeticError) as exc:
         raise overrides.Misconfigured(row.name, f"its run-time schedule: {exc}") from None
     return replace(
