@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connections
 
 from django_exclusive_jobs.models import JobChange, JobRun, RunTimeSchedule
@@ -233,3 +234,17 @@ def test_periodic_tasks_are_imported_then_sent_once_per_slot_to_a_real_worker(
         row = by_id[task_id]
         assert (label, name, kwargs) == ("beat", "celery_beat:beat-tick", "[('size', 1)]")
         assert row.slot is not None and slot == row.slot.isoformat()
+
+
+def test_an_unknown_beat_database_is_one_line_and_exit_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "exclusive_jobs", "import-celery-beat",
+         "--beat-database", "nowhere"],
+        cwd=ROOT, env=command_env(None), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert done.stderr.strip() == (
+        "CommandError: Unknown database alias 'nowhere' for --beat-database; known aliases: "
+        + ", ".join(sorted(settings.DATABASES))
+        + "."
+    )

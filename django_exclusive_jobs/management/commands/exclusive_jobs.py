@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db import connections
 
 from django_exclusive_jobs import values
 from django_exclusive_jobs.health import JobHealth, Overview, overview
@@ -183,6 +184,11 @@ class Command(JobCommand):
         """django-celery-beat's periodic tasks as run-time schedules of ``name``."""
         if options["start"] or options["end"] or options["yes"] or options["kwargs"]:
             said = "import-celery-beat takes only --dry-run, --by and --beat-database."
+            raise CommandError(said, returncode=2)
+        source = options["beat_database"]
+        if source is not None and source not in connections.settings:
+            known = ", ".join(sorted(connections.settings))
+            said = f"Unknown database alias {source!r} for --beat-database; known aliases: {known}."
             raise CommandError(said, returncode=2)
         try:
             plan = celery_beat.import_tasks(
