@@ -5,9 +5,9 @@ Each check runs ``scripts/model.sh NAME``: the model itself must hold with no er
 every bound (an exhaustive search, no bitstate), and each mutant of the protocol (among
 them the first claim written without renewing its lease: the first-run gap, fixed,
 docs/model.md) must be refuted with a counterexample. No database is used. Together
-they take about six minutes of CPU (half of it jobs-faults'): marked slow. Of the long
+they take about five minutes of CPU (two of them jobs-faults'): marked slow. Of the long
 checks (``scripts/model.sh --long``, GBs of memory), jobs-faults (3 servers, 2 jobs and a
-fault: 3.4 minutes, 3 GB) is run here, buffer-all-long (buffer_all with five slots) is not.
+fault: 2.1 minutes, 9 GB) is run here, buffer-all-long (buffer_all with five slots) is not.
 """
 
 from __future__ import annotations
