@@ -26,15 +26,15 @@ from .cpu_report import (  # noqa: F401  (the suite's CPU: who gets it first, wh
 HOURS_EDGE = (DEFAULTS["SLOT_TOLERANCE"].total_seconds() + 10, 5.0)
 
 
-def seconds_to_wait_out_the_hours_edge(now: float) -> float:
+def seconds_to_wait_out_the_hours_edge(now: float, period: float = 3600) -> float:
     """How long a test starting at ``now`` (epoch seconds) waits: 0 unless it is within
-    :data:`HOURS_EDGE` of an hour."""
-    into = now % 3600
+    :data:`HOURS_EDGE` of an hour (or of a multiple of ``period`` seconds)."""
+    into = now % period
     before, after = HOURS_EDGE
     if into < after:
         return after - into
-    if into > 3600 - before:
-        return 3600 - into + after
+    if into > period - before:
+        return period - into + after
     return 0.0
 
 
