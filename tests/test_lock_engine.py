@@ -23,7 +23,7 @@ from django_exclusive_jobs.lock.lock import process
 from django_exclusive_jobs.models import JobLock, LockState
 from django_exclusive_jobs.signals import lock_lost
 
-from .helpers import expire_now, other_holder, row
+from .helpers import OtherServer, expire_now, other_holder, row
 from .test_command import wait_for
 
 
@@ -79,6 +79,13 @@ def test_takeover_after_expiry_but_not_before(alias: str) -> None:
     assert JobLock.objects.using(alias).held().filter(name="report").count() == 1
 
 
+def taken_once_free(other: OtherServer, name: str) -> int | None:
+    """The token the other server gets by trying to take ``name`` until it succeeds."""
+    taken: list[int | None] = []
+    wait_for(lambda: taken.append(other.try_acquire(name, ttl=30)) or taken[-1], 10)
+    return taken[-1]
+
+
 def test_real_lease_expiry_frees_the_lock(alias: str) -> None:
     # The other server is up before the lease begins (its start-up took over a second on
     # a loaded machine); its take is judged on the database's clock.
@@ -86,9 +93,7 @@ def test_real_lease_expiry_frees_the_lock(alias: str) -> None:
         lock = try_acquire("short", using=alias, ttl=2)
         assert lock is not None
         assert other.try_acquire("short", ttl=30) is None
-        taken: list[int | None] = []
-        wait_for(lambda: taken.append(other.try_acquire("short", ttl=30)) or taken[-1], 10)
-        assert taken[-1] == lock.token + 1
+        assert taken_once_free(other, "short") == lock.token + 1
         assert row(alias, "short").acquired_at >= lock.expires_at
 
 
@@ -203,9 +208,7 @@ def test_min_hold_keeps_lock_closed_after_release(alias: str) -> None:
         state = JobLock.objects.using(alias).with_state().get(name="report").state
         assert state == LockState.COOLDOWN
         assert other.try_acquire("report", ttl=30) is None
-        taken: list[int | None] = []
-        wait_for(lambda: taken.append(other.try_acquire("report", ttl=30)) or taken[-1], 10)
-        assert taken[-1] == lock.token + 1
+        assert taken_once_free(other, "report") == lock.token + 1
         assert row(alias, "report").acquired_at >= saved.expires_at
 
 
