@@ -32,7 +32,14 @@ from django_exclusive_jobs.run.registry import _jobs
 from django_exclusive_jobs.run.schedules import Every
 
 from .test_command import argv, command_env, launch, marker, wait_for
-from .test_scheduler import executions, scheduler_env, schedulers, start_scheduler, stop
+from .test_scheduler import (
+    executions,
+    scheduler_env,
+    schedulers,
+    start_scheduler,
+    stop,
+    wait_for_the_next_slot,
+)
 
 __all__ = ["marker", "schedulers"]  # fixtures
 
@@ -224,8 +231,7 @@ def test_a_cron_line_runs_its_slot_while_the_previous_slots_line_still_runs(
     started: list[subprocess.Popen[str]] = []
     try:
         first = launch(started, argv(alias, "overlong"), env)
-        wait_for(lambda: executions(marker, "overlong-start"), timeout=30)
-        time.sleep(2.2)  # the next slot has come
+        wait_for_the_next_slot(alias, marker, "overlong-start")
         second = launch(started, argv(alias, "overlong"), env)
         out, err = second.communicate(timeout=30)
         assert second.returncode == 0 and " lock=overlong@" in out, out + err

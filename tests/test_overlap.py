@@ -11,7 +11,6 @@ import datetime as dt
 import itertools
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,14 @@ from django_exclusive_jobs.run.policies import OVERLAP
 from django_exclusive_jobs.run.schedules import Every
 
 from .test_command import argv, command_env, launch, marker, wait_for
-from .test_scheduler import executions, scheduler_env, schedulers, start_scheduler, stop
+from .test_scheduler import (
+    executions,
+    scheduler_env,
+    schedulers,
+    start_scheduler,
+    stop,
+    wait_for_the_next_slot,
+)
 
 __all__ = ["marker", "schedulers"]  # fixtures
 
@@ -258,12 +264,15 @@ def test_two_schedulers_apply_the_policy_to_the_slots_that_came_during_a_run(
 
 @pytest.mark.slow
 def test_a_cron_line_runs_the_buffered_slot_after_its_run(alias: str, marker: Path) -> None:
-    env = command_env(marker, OVERLAP="buffer_one", TICK_EVERY="2s", OVERLONG_TTL="10")
+    # The first run lasts 7 s: the next slot's cron line, started as that slot begins,
+    # has some 5 s to set Django up and find the lock held, as a loaded machine needs.
+    env = command_env(
+        marker, OVERLAP="buffer_one", TICK_EVERY="2s", LONG_SECONDS="7", OVERLONG_TTL="10"
+    )
     started: list[subprocess.Popen[str]] = []
     try:
         first = launch(started, argv(alias, "overlong"), env)
-        wait_for(lambda: executions(marker, "overlong-start"), timeout=30)
-        time.sleep(2.5)  # the next slot comes: its cron line finds the lock held
+        wait_for_the_next_slot(alias, marker, "overlong-start")  # its line finds the lock held
         second = launch(started, argv(alias, "overlong"), env)
         out, err = second.communicate(timeout=30)
         assert second.returncode == 0 and "skipped overlong: held by" in out, out + err
@@ -370,8 +379,7 @@ def test_a_cron_lines_newer_slot_cancels_the_cron_line_running_the_older(
     started: list[subprocess.Popen[str]] = []
     try:
         first = launch(started, argv(alias, "superseded"), env)
-        wait_for(lambda: executions(marker, "superseded-start"), timeout=30)
-        time.sleep(2.2)  # the next slot has come
+        wait_for_the_next_slot(alias, marker, "superseded-start")
         second = launch(started, argv(alias, "superseded"), env)
         out, err = second.communicate(timeout=60)
         assert second.returncode == 0, out + err

@@ -76,6 +76,14 @@ def executions(marker: Path, word: str) -> Counter[dt.datetime]:
     return ran
 
 
+def wait_for_the_next_slot(alias: str, marker: Path, word: str, every: float = 2.0) -> None:
+    """Until the slot after the one the job first marked ``word`` for has begun, on the
+    database's clock (the one a cron line's slot is read on)."""
+    wait_for(lambda: executions(marker, word), timeout=30)
+    next_slot = min(executions(marker, word)) + dt.timedelta(seconds=every)
+    wait_for(lambda: database_now(alias) >= next_slot, timeout=30)
+
+
 def history(alias: str, name: str) -> list[JobRun]:
     return list(JobRun.objects.using(alias).filter(name=name).order_by("slot", "attempt"))
 
