@@ -28,7 +28,6 @@ from ..lock.validation import resolve_alias
 from ..logs import extra
 from ..values import GROUP_PREFIX
 from .registry import Job, all_jobs
-from .status import RunStatus
 
 logger = logging.getLogger("django_exclusive_jobs")
 LOOK = 1.0  # seconds between two looks at a group another member's run holds
@@ -127,7 +126,7 @@ def _busy(job: Job, group: str, held: LockHeld) -> Busy:
 
     using = resolve_alias(job.using)
     names = [name for name in members(group) if name != job.name]
-    runs = JobRun.objects.using(using).filter(name__in=names, status=RunStatus.RUNNING)
+    runs = JobRun.objects.using(using).running().filter(name__in=names)
     found = run_statement(using, lambda: list(runs.order_by("-started_at")))
     run = next((run for run in found if run.holder == held.holder), None)
     if run is None:
