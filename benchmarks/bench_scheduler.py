@@ -27,12 +27,11 @@ Measurements (``--measure``, comma-separated; default all four):
 * ``child``: the cluster measurement with one scheduler and one job due every second,
   for ``--child-seconds``: what starting a job's process costs when nothing competes.
 * ``idle``: one scheduler serving ``--jobs`` jobs due every ``--idle-every`` (nothing
-  falls due): CPU seconds (utime + stime of the scheduler and of its children:
-  multiprocessing's fork server and resource tracker, if started) and statements per
-  minute, over ``--idle-seconds`` after a settling pause.
+  falls due): CPU seconds (utime + stime of the scheduler and of its fork server, if
+  started) and statements per minute, over ``--idle-seconds`` after a settling pause.
 * ``rss``: one scheduler serving ``--rss-jobs`` jobs due every ``--rss-every`` until
-  ``--rss-slots`` slots have run: VmRSS of the scheduler, its fork server and resource
-  tracker after the warm-up (``--rss-warmup`` slots) and every so often until the end.
+  ``--rss-slots`` slots have run: VmRSS of the scheduler and its fork server after the
+  warm-up (``--rss-warmup`` slots) and every so often until the end.
 
 ``--in-process`` declares the jobs ``in_process=True``: the scheduler runs them in a
 thread of its own process instead of a child process each.
@@ -169,15 +168,12 @@ class Cluster:
                 time.sleep(0.2)
 
     def helpers(self, pid: int) -> dict[str, int]:
-        """The scheduler's fork server and resource tracker (once started)."""
+        """The scheduler's fork server (``process.serve_forks``), once started."""
         found = self.children.setdefault(pid, {})
-        if len(found) < 2:
+        if not found:
             for child in child_pids(pid):
-                line = command_line(child)
-                if "forkserver" in line:
+                if "serve_forks" in command_line(child):
                     found["fork server"] = child
-                elif "resource_tracker" in line:
-                    found["resource tracker"] = child
         return found
 
     def cpu(self) -> float:
