@@ -64,8 +64,8 @@ def carries(value: Any, name: str, depth: int = 0) -> bool:
 
 
 def chain(frame: FrameType | None) -> list[str]:
-    """The package's modules on the stack down to ``frame``, outermost first (a module
-    that calls itself once)."""
+    """The package's modules on the stack down to ``frame``, outermost first (a module's
+    frames in a row count once)."""
     modules: list[str] = []
     while frame is not None:
         if frame.f_code.co_filename.startswith(PACKAGE):
@@ -95,10 +95,8 @@ def main() -> None:
         given = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         if not any(carries(frame.f_locals.get(arg_name), name) for arg_name in given):
             return
-        caller = frame.f_back
-        while caller is not None and not caller.f_code.co_filename.startswith(PACKAGE):
-            caller = caller.f_back
-        by = module_of(caller.f_code.co_filename) if caller is not None else "-"
+        callers = chain(frame.f_back)
+        by = callers[-1] if callers else "-"
         module = module_of(code.co_filename)
         calls.append((by, module, code.co_qualname))
         if module in FIRST_SQL and module not in chains:
