@@ -180,17 +180,21 @@ def overlong_runs(alias: str) -> list[JobRun]:
     return list(JobRun.objects.using(alias).filter(name="overlong").order_by("slot"))
 
 
+def long_slot(marker: Path) -> dt.datetime:
+    """The slot of the job's first execution, the long one (``overlong``). On a loaded
+    machine the next slot's process may reach the job first: it is then that slot."""
+    return next(iter(executions(marker, "overlong-start")))  # in the marker's order
+
+
 def assert_side_by_side(alias: str, marker: Path) -> list[JobRun]:
     """One row per slot, consecutive slots, each executed once; the job's first execution
-    (5 s long) overlapped the runs of the slots that came during it. On a loaded machine
-    the second slot's process may reach the job before the first slot's does: the long
-    run is then the second slot's."""
+    (5 s long) overlapped the runs of the slots that came during it."""
     rows = overlong_runs(alias)
     slots = [row.slot for row in rows]
     assert len(set(slots)) == len(slots), [(r.slot, r.status) for r in rows]
     assert all(b - a == dt.timedelta(seconds=2) for a, b in itertools.pairwise(slots))  # type: ignore[operator]
     assert all(count == 1 for count in executions(marker, "overlong-start").values())
-    head = max(rows, key=lambda row: row.duration or 0.0)
+    [head] = [row for row in rows if row.slot == long_slot(marker)]
     assert head.finished_at is not None and head.duration is not None and head.duration >= 5
     beside = [
         row
@@ -259,10 +263,8 @@ def test_kill_9_during_a_run_beside_others_doubles_no_slot(
     env = scheduler_env(marker, OVERLAP="allow_all", LONG_SECONDS="8")
     servers = [start_scheduler(schedulers, alias, "--jobs", "overlong", env=env) for _ in "ab"]
     wait_for(lambda: executions(marker, "overlong-start"), timeout=30)
-    # The run that executed first is the long one: on a loaded machine the next slot's
-    # run may be running too, or have reached the job first.
-    long_slot = next(iter(executions(marker, "overlong-start")))  # in the marker's order
-    [running] = [r for r in overlong_runs(alias) if r.slot == long_slot]
+    slot = long_slot(marker)  # the next slot's run may be running too
+    [running] = [r for r in overlong_runs(alias) if r.slot == slot]
     assert running.status == "running", running.status
     victim = next(server for server in servers if server.pid == running.pid)
     victim.send_signal(signal.SIGKILL)  # its run dies with it; its slot's lock stays held
@@ -272,7 +274,7 @@ def test_kill_9_during_a_run_beside_others_doubles_no_slot(
     # The survivor runs the next slots beside the dead one, and once the dead run's
     # lease has run out (ttl=3), the next slot's start marks it lost.
     def the_long_run() -> JobRun:
-        return next(row for row in overlong_runs(alias) if row.slot == long_slot)
+        return next(row for row in overlong_runs(alias) if row.slot == slot)
 
     wait_for(lambda: the_long_run().status == "lost", timeout=60)
     wait_for(lambda: sum(r.status == "succeeded" for r in overlong_runs(alias)) >= 3, timeout=60)
@@ -282,4 +284,4 @@ def test_kill_9_during_a_run_beside_others_doubles_no_slot(
     assert len(set(slots)) == len(slots)
     assert all(count == 1 for count in executions(marker, "overlong-start").values())
     assert "slot's lock lease ran out" in the_long_run().error
-    assert {row.status for row in rows if row.slot != long_slot} <= {"succeeded", "missed"}
+    assert {row.status for row in rows if row.slot != slot} <= {"succeeded", "missed"}
